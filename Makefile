@@ -1,0 +1,68 @@
+# pybench-eval: `make help` lists the targets.
+#
+# Images build with no registry and no network inside the build: a local Debian base (debootstrap +
+# docker import) and wheelhouses downloaded on the host. Online, pass BASE_IMAGE=python:3.11-slim-bookworm
+# (and REDIS_BASE_IMAGE=debian:bookworm-slim) to build from the usual public images instead.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+LOCAL_BASE := pybench-eval/bookworm-base:latest
+BASE_IMAGE ?= $(LOCAL_BASE)
+REDIS_BASE_IMAGE ?= $(BASE_IMAGE)
+PBE_SUITE_DIR ?= $(abspath ../shared/pybench)
+DOCKER_GID ?= $(shell stat -c %g /var/run/docker.sock 2>/dev/null || echo 999)
+PBE_GATEWAY_PORT ?= 8080
+DEMO_TASKS ?= 7,13,16,18,31,53,60,90,117,134,137
+export PBE_SUITE_DIR DOCKER_GID PBE_GATEWAY_PORT BASE_IMAGE
+
+COMPOSE := docker compose -p pybench-eval
+
+.PHONY: help install compose-plugin base-image wheels images up down demo test lint bench reap
+
+help: ## List the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
+
+install: ## Install the project and its development tools into the current Python
+	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[dev]'
+
+compose-plugin: ## Install Compose v2 as a Docker CLI plugin where `docker compose` is missing
+	@bash scripts/install-compose.sh
+
+base-image: ## Make the local Debian bookworm base image (only when BASE_IMAGE is the local one)
+	@if [ "$(BASE_IMAGE)" = "$(LOCAL_BASE)" ]; then bash scripts/make-base-image.sh $(LOCAL_BASE); fi
+
+wheels: ## Download the images' Python packages into local wheelhouses (for Python 3.11.2)
+	@test -f "$(PBE_SUITE_DIR)/sandbox-requirements.txt" || { echo "no suite at $(PBE_SUITE_DIR): set PBE_SUITE_DIR" >&2; exit 1; }
+	@cmp -s "$(PBE_SUITE_DIR)/sandbox-requirements.txt" executor/sandbox/staged/suite-requirements.txt \
+	  || cp "$(PBE_SUITE_DIR)/sandbox-requirements.txt" executor/sandbox/staged/suite-requirements.txt
+	@bash scripts/stage-wheels.sh executor/sandbox/staged/wheels \
+	  -r executor/sandbox/kernel-requirements.txt -r executor/sandbox/staged/suite-requirements.txt
+	@bash scripts/stage-wheels.sh staged/wheels -r requirements-app.txt
+
+images: base-image wheels ## Build the app, sandbox and redis images (layers are reused when nothing changed)
+	docker build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) -t pybench-eval/app:latest .
+	docker build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) -t pybench-eval/sandbox:latest executor/sandbox
+	docker build -q --build-arg BASE_IMAGE=$(REDIS_BASE_IMAGE) -t pybench-eval/redis:latest docker/redis
+
+up: images compose-plugin ## Start the stack (gateway on 127.0.0.1:$PBE_GATEWAY_PORT) and wait until healthy
+	$(COMPOSE) up -d --no-build --wait --wait-timeout 180
+	@echo "pybench-eval is up: http://127.0.0.1:$(PBE_GATEWAY_PORT) (API docs at /docs)"
+
+down: ## Stop the stack and remove its sandboxes (volumes are kept)
+	-$(COMPOSE) down --remove-orphans
+	@$(MAKE) --no-print-directory reap
+
+demo: up ## Run ten PyBench tasks against the replay model and print the verdicts; leaves the stack up
+	$(PYTHON) scripts/demo.py --gateway http://127.0.0.1:$(PBE_GATEWAY_PORT) --tasks $(DEMO_TASKS)
+	@echo "the stack is still up at http://127.0.0.1:$(PBE_GATEWAY_PORT); stop it with: make down"
+
+test: images compose-plugin ## Run the tests (unit, real Redis, real sandbox containers, the compose stack)
+	$(PYTHON) -m pytest
+
+lint: ## ruff and mypy
+	$(PYTHON) -m ruff check services gateway executor grader tests scripts
+	$(PYTHON) -m mypy
+
+reap: ## Remove sandbox containers left behind by a crashed worker
+	@ids=$$(docker ps -aq --filter label=pybench-eval.role=sandbox); \
+	  if [ -n "$$ids" ]; then docker rm -f $$ids >/dev/null && echo "removed $$(echo $$ids | wc -w) sandbox(es)"; fi

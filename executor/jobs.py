@@ -1,0 +1,105 @@
+"""The executor's RQ job: run one task session, store its trajectory and files, enqueue its grading.
+
+Workers run ``rq worker --serializer rq.serializers.JSONSerializer pbe-sessions``; the gateway enqueues
+``executor.jobs.run_session`` by name with a ``SessionJob`` payload (ids only, never an API key: the key is
+read here from the secret store).
+"""
+
+import logging
+from typing import Any
+
+from redis import Redis
+
+from executor.model import ModelClient
+from executor.sandboxes.base import SandboxBackend
+from executor.sandboxes.registry import get_backend
+from executor.session import SessionLimits, run_task_session
+from executor.settings import ExecutorSettings
+from services.evaluation import TaskState
+from services.queues import (
+    DEFAULT_GRADE_JOB_TIMEOUT_S,
+    GRADE_SESSION_JOB,
+    GRADING_QUEUE,
+    GradeJob,
+    SessionJob,
+    enqueue,
+    grade_job_id,
+)
+from services.state import StateStore
+from services.store import ArtifactStore
+from services.suite import load_suite
+
+log = logging.getLogger(__name__)
+
+
+def execute_session(
+    job: SessionJob, *, settings: ExecutorSettings, redis: Redis, backend: SandboxBackend
+) -> dict[str, Any]:
+    """Run the session of ``job`` and hand it to the grader.
+
+    Returns:
+        A summary: task, end reason, turns, sandbox id.
+
+    Raises:
+        EvaluationNotFoundError: the evaluation is not in Redis.
+        ConfigurationError: the suite path is wrong.
+        StoreError: the artifact store cannot be written.
+    """
+    state = StateStore(redis)
+    evaluation = state.get(job.evaluation_id)
+    suite = load_suite(settings.require_suite())
+    task = suite.task(job.task_index)
+    store = ArtifactStore(settings.ARTIFACT_ROOT)
+    state.set_task_state(evaluation.id, task.index, TaskState.RUNNING)
+    limits = SessionLimits(
+        image=settings.SANDBOX_IMAGE,
+        memory_mb=settings.SANDBOX_MEMORY_MB,
+        cpus=settings.SANDBOX_CPUS,
+        pids=settings.SANDBOX_PIDS,
+        ready_timeout_s=settings.SANDBOX_READY_TIMEOUT_S,
+    )
+    model = ModelClient(
+        evaluation.model.base_url,
+        evaluation.model.model,
+        api_key=state.model_key(evaluation.id),
+        timeout_s=settings.MODEL_TIMEOUT_S,
+    )
+    try:
+        trajectory, files = run_task_session(
+            evaluation, task, job.attempt, suite=suite, backend=backend, limits=limits, model=model
+        )
+    finally:
+        model.close()
+    for name, data in files.items():
+        store.put_output_file(evaluation.id, task.index, job.attempt, name, data)
+    store.put_trajectory(trajectory)
+    state.set_task_state(evaluation.id, task.index, TaskState.GRADING)
+    grade = GradeJob(evaluation_id=evaluation.id, task_index=task.index, attempt=job.attempt)
+    enqueue(
+        redis, GRADING_QUEUE, GRADE_SESSION_JOB, grade, job_id=grade_job_id(grade), timeout_s=DEFAULT_GRADE_JOB_TIMEOUT_S
+    )
+    log.info(
+        "task %d of %s: %s after %d turns in %s",
+        task.index,
+        evaluation.id,
+        trajectory.end_reason.value,
+        trajectory.assistant_turns,
+        trajectory.session.sandbox_name if trajectory.session else "no sandbox",
+    )
+    return {
+        "task": task.index,
+        "end_reason": trajectory.end_reason.value,
+        "turns": trajectory.assistant_turns,
+        "sandbox_id": trajectory.session.sandbox_id if trajectory.session else None,
+    }
+
+
+def run_session(payload: dict[str, Any]) -> dict[str, Any]:
+    """RQ entry point (``services.queues.RUN_SESSION_JOB``): validate the payload and run the session."""
+    job = SessionJob.model_validate(payload)
+    settings = ExecutorSettings()
+    redis = Redis.from_url(settings.REDIS_URL)
+    try:
+        return execute_session(job, settings=settings, redis=redis, backend=get_backend(settings))
+    finally:
+        redis.close()

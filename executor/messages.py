@@ -1,0 +1,46 @@
+"""PyBench's message shapes: the opening messages of a session and the code interpreter's replies."""
+
+from executor.output import CellOutput
+from services.task import Task
+from services.trajectory import Execution, Message
+
+INTERPRETER_PREFIX = "[INFO]This is a Code Interpreter Message:\n"
+"""Every code-execution result goes back to the model as a user message starting with this."""
+
+ERROR_PREAMBLE = "There are some errors in the code. All variables in this cell should be redefined. Please Debug:\n"
+"""What PyBench says before an error's name and message."""
+
+
+def data_message(task: Task) -> Message:
+    """The first user message: where the task's files are, joined by commas as PyBench does."""
+    return Message(role="user", content="[INFO]The data is uploaded to " + ",".join(i.path for i in task.inputs))
+
+
+def opening_messages(system_prompt: str, task: Task) -> list[Message]:
+    """The system prompt, the data message (for tasks with input files) and the query."""
+    messages = [Message(role="system", content=system_prompt)]
+    if task.inputs:
+        messages.append(data_message(task))
+    messages.append(Message(role="user", content=task.query))
+    return messages
+
+
+def output_text(output: CellOutput) -> str:
+    """The cell's text as the model sees it: streams and results in order, one after another."""
+    parts = [item.text for item in output.items if item.kind in ("stream", "result", "display") and item.text]
+    text = "".join(part if part.endswith("\n") else part + "\n" for part in parts[:-1])
+    text += parts[-1] if parts else ""
+    if output.dropped_chars:
+        text += f"\n[output truncated: {output.dropped_chars} more characters]"
+    return text
+
+
+def interpreter_message(execution: Execution, output: CellOutput) -> Message:
+    """The user message that reports a cell's execution back to the model."""
+    if execution.timed_out:
+        body = ERROR_PREAMBLE + f"Error: TimeoutError\nThe cell ran longer than its time limit ({execution.duration_s:.0f} s) and was interrupted\n"
+    elif execution.error_name is not None:
+        body = ERROR_PREAMBLE + f"Error: {execution.error_name}\n{execution.error_value or ''}\n"
+    else:
+        body = output_text(output)
+    return Message(role="user", content=INTERPRETER_PREFIX + body)

@@ -1,0 +1,1 @@
+"""Replaying recorded trajectories as an OpenAI-compatible model."""

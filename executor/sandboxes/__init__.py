@@ -1,0 +1,1 @@
+"""Sandbox backends behind one small interface (see ``base``), looked up by name (see ``registry``)."""

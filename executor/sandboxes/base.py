@@ -1,0 +1,66 @@
+"""The sandbox interface: start a box running a kernel gateway, move files in and out, stop it, reap orphans.
+
+A sandbox is used by one task session and destroyed after it; it is never handed to another task.
+Running cells is not the backend's job: every backend exposes a kernel gateway (``SandboxHandle.url`` and
+``token``) and ``executor.kernel.KernelClient`` talks to it, whatever the backend.
+"""
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from services.sandbox import SandboxHandle
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a session asks of its sandbox."""
+
+    evaluation_id: str
+    task_index: int
+    attempt: int
+    image: str
+    memory_mb: int = 2048
+    cpus: float = 1.0
+    pids: int = 512
+    ready_timeout_s: float = 60.0
+
+
+class SandboxBackend(ABC):
+    """A way of running sandboxes. Implementations import their SDK lazily."""
+
+    name: str
+
+    @abstractmethod
+    def start(self, spec: SandboxSpec) -> SandboxHandle:
+        """Start a sandbox and wait until its kernel gateway answers.
+
+        Raises:
+            SandboxStartError: the sandbox could not be started or did not become ready in time (it is
+                removed before this is raised).
+        """
+
+    @abstractmethod
+    def put_file(self, handle: SandboxHandle, dest: str, data: bytes) -> None:
+        """Write a file into the sandbox at ``dest`` (absolute, e.g. ``/workspace/data/a.csv``).
+
+        Raises:
+            SandboxUnavailableError: the sandbox is gone.
+        """
+
+    @abstractmethod
+    def get_tree(self, handle: SandboxHandle, path: str) -> dict[str, bytes]:
+        """Return the regular files under the sandbox folder ``path``, keyed by path relative to it.
+
+        Symbolic links and special files are skipped. A missing folder gives an empty dict.
+
+        Raises:
+            SandboxUnavailableError: the sandbox is gone.
+        """
+
+    @abstractmethod
+    def stop(self, handle: SandboxHandle) -> None:
+        """Destroy the sandbox and everything in it. Best effort: never raises for a sandbox already gone."""
+
+    @abstractmethod
+    def reap(self, evaluation_id: str | None = None) -> list[str]:
+        """Remove leftover sandboxes of this project (of one evaluation, or all); return their names."""

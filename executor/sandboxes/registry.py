@@ -1,0 +1,34 @@
+"""Sandbox backends by name."""
+
+from collections.abc import Callable
+
+from services.errors import ConfigurationError
+
+from executor.sandboxes.base import SandboxBackend
+from executor.settings import ExecutorSettings
+
+
+def _docker(settings: ExecutorSettings) -> SandboxBackend:
+    from executor.sandboxes.docker import DockerSandboxBackend
+
+    return DockerSandboxBackend(network=settings.SANDBOX_NETWORK)
+
+
+BACKENDS: dict[str, Callable[[ExecutorSettings], SandboxBackend]] = {"docker": _docker}
+"""Backend factories by name; each imports its SDK only when called."""
+
+
+def get_backend(settings: ExecutorSettings) -> SandboxBackend:
+    """Return a new backend instance.
+
+    Raises:
+        ConfigurationError: no backend has that name; the message lists the names there are.
+    """
+    name = settings.SANDBOX_BACKEND
+    try:
+        factory = BACKENDS[name]
+    except KeyError:
+        raise ConfigurationError(
+            f"unknown sandbox backend {name!r}; set PBE_SANDBOX_BACKEND to one of: {', '.join(sorted(BACKENDS))}"
+        ) from None
+    return factory(settings)

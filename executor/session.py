@@ -1,0 +1,172 @@
+"""One task session: a fresh sandbox, the task's inputs in ``./data``, the agent loop, ``./output`` collected.
+
+``run_task_session`` never raises for what the environment or the model does: a sandbox that does not
+start or dies, or a model endpoint that fails, ends the session with an infrastructure ``EndReason`` and the
+error in the trajectory. The sandbox is removed whatever happens.
+"""
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from executor.agent import run_agent
+from executor.kernel import KernelClient
+from executor.messages import opening_messages
+from executor.model import ModelClient
+from executor.sandboxes.base import SandboxBackend, SandboxSpec
+from services.errors import SandboxError, SuiteError
+from services.evaluation import Evaluation
+from services.sandbox import SandboxHandle
+from services.suite import Suite
+from services.task import Task
+from services.trajectory import EndReason, SessionInfo, Trajectory
+
+log = logging.getLogger(__name__)
+
+WORKSPACE = "/workspace"
+"""The sandbox's working directory: the kernel runs here, inputs go to ``./data``, results to ``./output``."""
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """The sandbox limits a session runs under (from the executor's settings)."""
+
+    image: str
+    memory_mb: int
+    cpus: float
+    pids: int
+    ready_timeout_s: float
+
+
+def sampling_for(evaluation: Evaluation, suite: Suite) -> dict[str, Any]:
+    """The sampling parameters of every request: the suite prompt's defaults, overridden per evaluation."""
+    sampling: dict[str, Any] = dict(suite.prompt_config(evaluation.prompt).sampling)
+    sampling.update(evaluation.sampling.model_dump(exclude_none=True))
+    return sampling
+
+
+def sandbox_path(suite_relative: str) -> str:
+    """Map a suite-relative input name (``./data/x.csv``) to its place in the sandbox (``/workspace/data/x.csv``).
+
+    Raises:
+        SuiteError: the name is absolute or climbs out of the workspace.
+    """
+    parts = [p for p in suite_relative.split("/") if p not in ("", ".")]
+    if suite_relative.startswith("/") or ".." in parts or not parts:
+        raise SuiteError(f"input name {suite_relative!r} must be relative to the suite root, like ./data/x.csv")
+    return WORKSPACE + "/" + "/".join(parts)
+
+
+def copy_inputs(backend: SandboxBackend, handle: SandboxHandle, suite: Suite, task: Task) -> None:
+    """Copy every input file of the task into the sandbox, at the path the task names.
+
+    Raises:
+        SuiteError: an input is missing from the suite or its name leaves the workspace.
+        SandboxUnavailableError: the sandbox is gone.
+    """
+    for item in task.inputs:
+        source = suite.input_file(item.path)
+        try:
+            data = source.read_bytes()
+        except OSError as exc:
+            raise SuiteError(f"cannot read input {item.path} of task {task.index}: {exc}") from exc
+        backend.put_file(handle, sandbox_path(item.path), data)
+
+
+def run_task_session(
+    evaluation: Evaluation,
+    task: Task,
+    attempt: int,
+    *,
+    suite: Suite,
+    backend: SandboxBackend,
+    limits: SessionLimits,
+    model: ModelClient,
+) -> tuple[Trajectory, dict[str, bytes]]:
+    """Run one task session in a sandbox of its own.
+
+    Returns:
+        The trajectory, and the files the session left under ``./output`` keyed by path relative to it.
+
+    Raises:
+        SuiteError: the suite has no prompt of the evaluation's name, or an input cannot be read.
+    """
+    started = time.monotonic()
+    messages = opening_messages(suite.system_prompt(evaluation.prompt), task)
+    spec = SandboxSpec(
+        evaluation_id=evaluation.id,
+        task_index=task.index,
+        attempt=attempt,
+        image=limits.image,
+        memory_mb=limits.memory_mb,
+        cpus=limits.cpus,
+        pids=limits.pids,
+        ready_timeout_s=limits.ready_timeout_s,
+    )
+
+    def infra_failure(error: SandboxError, session: SessionInfo | None) -> tuple[Trajectory, dict[str, bytes]]:
+        trajectory = Trajectory(
+            evaluation_id=evaluation.id,
+            task_index=task.index,
+            attempt=attempt,
+            messages=messages,
+            end_reason=EndReason.SANDBOX_ERROR,
+            error=str(error),
+            session=session,
+            wall_s=time.monotonic() - started,
+        )
+        return trajectory, {}
+
+    session_started = datetime.now(UTC)
+    try:
+        handle = backend.start(spec)
+    except SandboxError as exc:
+        log.warning("task %d: sandbox did not start: %s", task.index, exc)
+        return infra_failure(exc, None)
+    session = SessionInfo(
+        sandbox_backend=handle.backend,
+        sandbox_id=handle.sandbox_id,
+        sandbox_name=handle.name,
+        image=handle.image,
+        started_at=session_started,
+        ready_s=time.monotonic() - started,
+    )
+    kernel = KernelClient(handle.url, handle.token)
+    try:
+        try:
+            copy_inputs(backend, handle, suite, task)
+            kernel.start()
+        except SandboxError as exc:
+            return infra_failure(exc, session)
+        run = run_agent(
+            messages,
+            model,
+            kernel,
+            max_turns=evaluation.max_turns,
+            cell_timeout_s=evaluation.cell_timeout_s,
+            sampling=sampling_for(evaluation, suite),
+        )
+        try:
+            files = backend.get_tree(handle, f"{WORKSPACE}/output")
+        except SandboxError as exc:
+            log.warning("task %d: could not collect ./output: %s", task.index, exc)
+            files = {}
+    finally:
+        kernel.close()
+        backend.stop(handle)
+    session.ended_at = datetime.now(UTC)
+    trajectory = Trajectory(
+        evaluation_id=evaluation.id,
+        task_index=task.index,
+        attempt=attempt,
+        messages=run.messages,
+        turns=run.turns,
+        end_reason=run.end_reason,
+        error=run.error,
+        session=session,
+        wall_s=time.monotonic() - started,
+        output_files=sorted("./output/" + name for name in files),
+    )
+    return trajectory, files

@@ -1,0 +1,20 @@
+"""The executor's settings (``PBE_`` environment variables), validated when the worker starts."""
+
+from services.settings import ServiceSettings
+
+DEFAULT_SANDBOX_IMAGE = "pybench-eval/sandbox:latest"
+"""The image every sandbox runs (built by ``make images``)."""
+
+DEFAULT_SANDBOX_NETWORK = "pybench-eval-sandboxes"
+"""The internal Docker network sandboxes join: no route out; only the executor reaches their gateway."""
+
+
+class ExecutorSettings(ServiceSettings):
+    SANDBOX_BACKEND: str = "docker"
+    SANDBOX_IMAGE: str = DEFAULT_SANDBOX_IMAGE
+    SANDBOX_NETWORK: str = DEFAULT_SANDBOX_NETWORK
+    SANDBOX_MEMORY_MB: int = 2048
+    SANDBOX_CPUS: float = 1.0
+    SANDBOX_PIDS: int = 512
+    SANDBOX_READY_TIMEOUT_S: float = 60.0
+    MODEL_TIMEOUT_S: float = 300.0

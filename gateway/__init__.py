@@ -1,0 +1,1 @@
+"""The REST gateway of pybench-eval."""

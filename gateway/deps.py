@@ -1,0 +1,45 @@
+"""FastAPI dependencies as ``Annotated`` aliases: settings, Redis, the state and artifact stores, the suite."""
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from redis import Redis
+
+from gateway.settings import GatewaySettings
+from services.state import StateStore
+from services.store import ArtifactStore
+from services.suite import Suite, load_suite
+
+
+def get_settings(request: Request) -> GatewaySettings:
+    settings: GatewaySettings = request.app.state.settings
+    return settings
+
+
+def get_redis(request: Request) -> Redis:
+    redis: Redis = request.app.state.redis
+    return redis
+
+
+def get_state(redis: Annotated[Redis, Depends(get_redis)]) -> StateStore:
+    return StateStore(redis)
+
+
+def get_store(settings: Annotated[GatewaySettings, Depends(get_settings)]) -> ArtifactStore:
+    return ArtifactStore(settings.ARTIFACT_ROOT)
+
+
+def get_suite(settings: Annotated[GatewaySettings, Depends(get_settings)]) -> Suite:
+    """The configured suite.
+
+    Raises:
+        ConfigurationError: no suite at ``PBE_SUITE_PATH``.
+    """
+    return load_suite(settings.require_suite(), settings.SUITE_NAME)
+
+
+SettingsDep = Annotated[GatewaySettings, Depends(get_settings)]
+RedisDep = Annotated[Redis, Depends(get_redis)]
+StateDep = Annotated[StateStore, Depends(get_state)]
+StoreDep = Annotated[ArtifactStore, Depends(get_store)]
+SuiteDep = Annotated[Suite, Depends(get_suite)]

@@ -1,0 +1,1 @@
+"""The grader of pybench-eval: RQ jobs that grade finished task sessions."""

@@ -1,0 +1,54 @@
+"""Submit PyBench tasks against the replay model to a running stack, wait, and print the verdicts.
+
+Usage: python scripts/demo.py --gateway http://127.0.0.1:8080 --tasks 2,3,7
+The replay model (service ``replay`` of the compose stack) answers with the suite's recorded trajectories.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gateway.client import GatewayClient  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gateway", default="http://127.0.0.1:8080")
+    parser.add_argument("--tasks", default="7,13,16,18,31,53,60,90,117,134,137", help="comma-separated task indices")
+    parser.add_argument("--model-url", default="http://replay:8000/v1", help="as the executor reaches it")
+    parser.add_argument("--timeout", type=float, default=900.0)
+    args = parser.parse_args()
+    tasks = [int(t) for t in args.tasks.split(",") if t.strip()]
+    client = GatewayClient(args.gateway)
+    started = time.monotonic()
+    view = client.submit(
+        {"model": {"base_url": args.model_url, "model": "pybench-replay"}, "tasks": tasks, "prompt": "gpt"}
+    )
+    evaluation_id = view["evaluation"]["id"]
+    print(f"evaluation {evaluation_id}: {len(tasks)} tasks submitted, waiting ...", flush=True)
+    client.wait(evaluation_id, args.timeout)
+    results = client.results(evaluation_id)
+    print(f"\n{'task':>5}  {'category':<12} {'verdict':<12} {'turns':>5}  sandbox")
+    for verdict in results["verdicts"]:
+        sandbox = (verdict.get("sandbox_id") or "-")[:12]
+        reason = f"  ({verdict['reason']})" if verdict["status"] not in ("passed", "failed") else ""
+        print(
+            f"{verdict['task_index']:>5}  {verdict['paper_category']:<12} {verdict['status']:<12} "
+            f"{verdict['turns']:>5}  {sandbox}{reason}"
+        )
+    metrics = results["metrics"]
+    print(
+        f"\npass rate {metrics['passed']}/{metrics['tasks']} = {metrics['pass_rate']:.1%}, "
+        f"average turns {metrics['avg_turns']:.1f}, wall time {time.monotonic() - started:.1f} s"
+    )
+    for name, category in metrics["per_category"].items():
+        print(f"  {name:<12} {category['passed']}/{category['tasks']}")
+    client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

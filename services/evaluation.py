@@ -1,0 +1,123 @@
+"""Evaluation schemas: what a user submits, and what the service keeps and shows.
+
+One schema per direction: ``EvaluationCreate`` comes in (it may carry a secret API key), ``Evaluation`` is
+stored and returned (it never carries the key).
+"""
+
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+
+DEFAULT_MAX_TURNS = 10
+"""PyBench's turn limit: at most ten assistant turns per task."""
+
+DEFAULT_CELL_TIMEOUT_S = 120.0
+"""Seconds a single code cell may run before the kernel is interrupted."""
+
+DEFAULT_PROMPT = "llama3"
+"""The suite prompt for served open models: code between <|execute_start|> and <|execute_end|>."""
+
+
+class Sampling(BaseModel):
+    """Sampling parameters sent with every chat completion; unset fields take the suite prompt's defaults."""
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=32768)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+
+
+class ModelEndpoint(BaseModel):
+    """An OpenAI-compatible chat-completions endpoint."""
+
+    base_url: str = Field(examples=["http://127.0.0.1:8000/v1"], max_length=2048)
+    model: str = Field(min_length=1, max_length=256, examples=["Qwen2.5-7B-Instruct"])
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("base_url must be an http:// or https:// URL, e.g. http://127.0.0.1:8000/v1")
+        return value.rstrip("/")
+
+
+class EvaluationCreate(BaseModel):
+    """The body of ``POST /v1/evaluations``."""
+
+    model_config = {"extra": "forbid"}
+
+    model: ModelEndpoint
+    api_key: SecretStr | None = Field(default=None, description="Sent as a bearer token; never stored in clear.")
+    suite: str = Field(default="pybench", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+    tasks: list[int] | None = Field(default=None, description="Task indices; all tasks when omitted.")
+    max_turns: int = Field(default=DEFAULT_MAX_TURNS, ge=1, le=30)
+    cell_timeout_s: float = Field(default=DEFAULT_CELL_TIMEOUT_S, gt=0, le=3600)
+    prompt: str = Field(default=DEFAULT_PROMPT, pattern=r"^[a-z0-9_]{1,64}$")
+    sampling: Sampling = Field(default_factory=Sampling)
+
+    @field_validator("tasks")
+    @classmethod
+    def _unique_tasks(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("tasks must name at least one task, or be omitted for all tasks")
+        if len(set(value)) != len(value):
+            raise ValueError("tasks must not repeat an index")
+        return value
+
+
+class EvaluationStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+
+
+class TaskState(StrEnum):
+    """Where one task of an evaluation stands."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    GRADING = "grading"
+    DONE = "done"
+    UNAVAILABLE = "unavailable"
+
+    @property
+    def finished(self) -> bool:
+        return self in (TaskState.DONE, TaskState.UNAVAILABLE)
+
+
+class Evaluation(BaseModel):
+    """An accepted evaluation as stored and shown; it never holds the API key."""
+
+    id: str
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    model: ModelEndpoint
+    has_api_key: bool = False
+    suite: str
+    tasks: list[int]
+    unavailable_tasks: list[int] = Field(default_factory=list)
+    max_turns: int
+    cell_timeout_s: float
+    prompt: str
+    sampling: Sampling
+
+
+class Progress(BaseModel):
+    """How many tasks of an evaluation are in each state."""
+
+    total: int
+    counts: dict[TaskState, int]
+
+    @property
+    def finished(self) -> int:
+        return sum(n for state, n in self.counts.items() if state.finished)
+
+
+class EvaluationView(BaseModel):
+    """The answer of ``GET /v1/evaluations/{id}``."""
+
+    evaluation: Evaluation
+    status: EvaluationStatus
+    progress: Progress

@@ -1,0 +1,88 @@
+"""The queue contract: queue names, job function paths, deterministic job ids and job payloads.
+
+The gateway enqueues a dotted path with a JSON payload and never imports executor or grader code. Job
+payloads carry ids only: never an API key (the key stays in the secret store, see ``services.secrets``).
+"""
+
+from typing import Any
+
+from pydantic import BaseModel
+from redis import Redis
+
+SESSIONS_QUEUE = "pbe-sessions"
+"""Executor workers take task sessions from this queue."""
+
+GRADING_QUEUE = "pbe-grading"
+"""Grader workers take finished sessions from this queue."""
+
+RUN_SESSION_JOB = "executor.jobs.run_session"
+"""Dotted path of the executor's job function."""
+
+GRADE_SESSION_JOB = "grader.jobs.grade_session"
+"""Dotted path of the grader's job function."""
+
+JOB_SERIALIZER = "rq.serializers.JSONSerializer"
+"""Jobs are JSON on the wire, never pickle: workers start with ``--serializer`` set to this path."""
+
+DEFAULT_SESSION_JOB_TIMEOUT_S = 3600
+"""RQ's hard limit for one task session (ten turns of model calls and cells, with room to spare)."""
+
+DEFAULT_GRADE_JOB_TIMEOUT_S = 600
+"""RQ's hard limit for grading one session."""
+
+DEFAULT_RESULT_TTL_S = 7 * 24 * 3600
+"""How long RQ keeps finished job records (results themselves live in the artifact store)."""
+
+
+class SessionJob(BaseModel):
+    """The payload of one task session job."""
+
+    evaluation_id: str
+    task_index: int
+    attempt: int = 1
+
+
+class GradeJob(BaseModel):
+    """The payload of one grading job."""
+
+    evaluation_id: str
+    task_index: int
+    attempt: int = 1
+
+
+def session_job_id(job: SessionJob) -> str:
+    """Return the deterministic RQ job id of a session: a re-enqueue of the same work reuses it."""
+    return f"pbe-session-{job.evaluation_id}-{job.task_index}-a{job.attempt}"
+
+
+def grade_job_id(job: GradeJob) -> str:
+    """Return the deterministic RQ job id of a grading job."""
+    return f"pbe-grade-{job.evaluation_id}-{job.task_index}-a{job.attempt}"
+
+
+def enqueue(
+    redis: Redis, queue: str, function: str, payload: BaseModel, *, job_id: str, timeout_s: int
+) -> Any:
+    """Enqueue ``function`` (a dotted path) with the JSON payload, under a deterministic job id.
+
+    A job id that is already queued or running is left alone, so enqueuing the same work twice runs it once.
+
+    Returns:
+        The RQ job.
+    """
+    from rq import Queue
+    from rq.job import Job, JobStatus
+    from rq.serializers import JSONSerializer
+
+    rq_queue = Queue(queue, connection=redis, serializer=JSONSerializer)
+    existing = Job.fetch(job_id, connection=redis, serializer=JSONSerializer) if Job.exists(job_id, redis) else None
+    if existing is not None and existing.get_status() in (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED):
+        return existing
+    return rq_queue.enqueue_call(
+        function,
+        args=(payload.model_dump(mode="json"),),
+        job_id=job_id,
+        timeout=timeout_s,
+        result_ttl=DEFAULT_RESULT_TTL_S,
+        failure_ttl=DEFAULT_RESULT_TTL_S,
+    )

@@ -1,0 +1,52 @@
+"""The settings base every service subclasses.
+
+Settings are read from ``PBE_``-prefixed environment variables when a settings object is made (at start-up
+or in a test), never at import time.
+"""
+
+from pathlib import Path
+
+from pydantic import field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.errors import ConfigurationError
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+"""Where Redis listens when nothing else is said (a local development server)."""
+
+DEFAULT_SUITE_PATH = Path("../shared/pybench")
+"""The PyBench suite in this repository's development setup (a sibling folder, never copied in)."""
+
+DEFAULT_ARTIFACT_ROOT = Path("var/artifacts")
+"""Where trajectories, produced files and verdicts are stored when nothing else is said."""
+
+
+class ServiceSettings(BaseSettings):
+    """What every service needs: Redis, the suite, the artifact store."""
+
+    model_config = SettingsConfigDict(env_prefix="PBE_", extra="ignore")
+
+    REDIS_URL: str = DEFAULT_REDIS_URL
+    SUITE_PATH: Path = DEFAULT_SUITE_PATH
+    ARTIFACT_ROOT: Path = DEFAULT_ARTIFACT_ROOT
+
+    @field_validator("REDIS_URL")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("PBE_REDIS_URL must start with redis://, rediss:// or unix://")
+        return value
+
+    def require_suite(self) -> Path:
+        """Return the suite path.
+
+        Raises:
+            ConfigurationError: the path holds no suite (no ``data/meta/task.json``).
+        """
+        path = self.SUITE_PATH
+        if not (path / "data" / "meta" / "task.json").is_file():
+            raise ConfigurationError(
+                f"no suite at {path}: set PBE_SUITE_PATH to a folder in PyBench's layout "
+                "(data/meta/task.json, data/, prompts/)"
+            )
+        return path

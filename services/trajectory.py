@@ -1,0 +1,95 @@
+"""Trajectory schemas: the messages of one task session and what happened at each turn.
+
+``messages`` has exactly the shapes of PyBench's ``trajectory.jsonl`` (system, two opening user messages,
+then assistant / user "[INFO]This is a Code Interpreter Message:..." pairs); ``turns`` adds what the
+benchmark does not record (code, execution details, tokens, latency).
+"""
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class Message(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Execution(BaseModel):
+    """The result of running one code cell."""
+
+    output: str = ""
+    error_name: str | None = None
+    error_value: str | None = None
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error_name is None and not self.timed_out
+
+
+class Turn(BaseModel):
+    """One assistant turn: the model's reply and, when it held code, the code's execution."""
+
+    index: int
+    reply: str
+    code: str | None = None
+    execution: Execution | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    model_latency_s: float = 0.0
+
+
+class EndReason(StrEnum):
+    """Why a session stopped."""
+
+    NO_CODE = "no_code"
+    MAX_TURNS = "max_turns"
+    MODEL_ERROR = "model_error"
+    SANDBOX_ERROR = "sandbox_error"
+
+    @property
+    def infra(self) -> bool:
+        """Whether the environment broke (as opposed to the agent finishing or running out of turns)."""
+        return self in (EndReason.MODEL_ERROR, EndReason.SANDBOX_ERROR)
+
+
+class SessionInfo(BaseModel):
+    """Where and when a session ran."""
+
+    sandbox_backend: str
+    sandbox_id: str
+    sandbox_name: str
+    image: str
+    started_at: datetime
+    ended_at: datetime | None = None
+    ready_s: float = 0.0
+
+
+class Trajectory(BaseModel):
+    evaluation_id: str
+    task_index: int
+    attempt: int
+    messages: list[Message]
+    turns: list[Turn] = Field(default_factory=list)
+    end_reason: EndReason
+    error: str | None = None
+    session: SessionInfo | None = None
+    wall_s: float = 0.0
+    output_files: list[str] = Field(default_factory=list)
+
+    @property
+    def assistant_turns(self) -> int:
+        return sum(1 for message in self.messages if message.role == "assistant")
+
+    @property
+    def last_message(self) -> str:
+        """The content of the last message, whatever its role: what PyBench's tests read as the answer."""
+        return self.messages[-1].content if self.messages else ""
+
+    def pybench_record(self, task_fields: dict[str, Any]) -> dict[str, Any]:
+        """Return one line of a PyBench-compatible ``trajectory.jsonl``: the messages plus the task's fields."""
+        return {"messages": [m.model_dump() for m in self.messages], **task_fields}

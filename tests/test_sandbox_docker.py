@@ -1,0 +1,129 @@
+"""The docker sandbox backend and the kernel client, against real containers of the sandbox image."""
+
+import statistics
+import time
+from collections.abc import Iterator
+
+import docker
+import pytest
+
+from executor.kernel import KernelClient
+from executor.sandboxes.base import SandboxSpec
+from executor.sandboxes.docker import DockerSandboxBackend
+from services.errors import SandboxStartError, SandboxUnavailableError
+from services.sandbox import SandboxHandle
+
+pytestmark = pytest.mark.docker
+
+TEST_NETWORK = "pbe-test-sandboxes"
+SANDBOX_IMAGE = "pybench-eval/sandbox:latest"
+
+
+@pytest.fixture(scope="module")
+def backend() -> Iterator[DockerSandboxBackend]:
+    backend = DockerSandboxBackend(network=TEST_NETWORK)
+    yield backend
+    backend.reap(evaluation_id="test-sandbox")
+
+
+@pytest.fixture()
+def sandbox(backend: DockerSandboxBackend) -> Iterator[SandboxHandle]:
+    handle = backend.start(SandboxSpec(evaluation_id="test-sandbox", task_index=1, attempt=1, image=SANDBOX_IMAGE))
+    yield handle
+    backend.stop(handle)
+
+
+@pytest.fixture()
+def kernel(sandbox: SandboxHandle) -> Iterator[KernelClient]:
+    client = KernelClient(sandbox.url, sandbox.token)
+    client.start()
+    yield client
+    client.close()
+
+
+def test_sandbox_runs_as_labelled_unprivileged_container_on_internal_network(
+    backend: DockerSandboxBackend, sandbox: SandboxHandle
+) -> None:
+    container = docker.from_env().containers.get(sandbox.sandbox_id)
+    config = container.attrs["HostConfig"]
+    assert container.name.startswith("pbe-sbx-")
+    assert container.labels["pybench-eval.evaluation"] == "test-sandbox"
+    assert container.labels["pybench-eval.task"] == "1"
+    assert container.attrs["Config"]["User"] == "1000:1000"
+    assert config["CapDrop"] == ["ALL"]
+    assert config["Memory"] == 2048 * 2**20
+    assert list(container.attrs["NetworkSettings"]["Networks"]) == [TEST_NETWORK]
+    assert docker.from_env().networks.get(TEST_NETWORK).attrs["Internal"] is True
+    env_names = {item.split("=", 1)[0] for item in container.attrs["Config"]["Env"]}
+    assert "KG_AUTH_TOKEN" in env_names
+    assert not any("KEY" in name and name != "KG_AUTH_TOKEN" for name in env_names)
+
+
+def test_kernel_keeps_state_between_cells_and_reports_errors(kernel: KernelClient) -> None:
+    execution, output = kernel.execute("import os\nx = 41\nprint(os.getcwd())", timeout_s=30)
+    assert execution.ok and output.items[0].text == "/workspace\n"
+    execution, output = kernel.execute("x + 1", timeout_s=30)
+    assert output.items[-1].kind == "result" and output.items[-1].text == "42"
+    execution, _ = kernel.execute("1 / 0", timeout_s=30)
+    assert execution.error_name == "ZeroDivisionError" and execution.error_value == "division by zero"
+
+
+def test_scientific_stack_and_plots_work(kernel: KernelClient) -> None:
+    code = (
+        "import pandas as pd, numpy as np, matplotlib.pyplot as plt, os\n"
+        "os.makedirs('./output', exist_ok=True)\n"
+        "plt.plot(np.arange(3)); plt.savefig('./output/p.png')\n"
+        "print(pd.DataFrame({'a': [1, 2]}).a.sum())"
+    )
+    execution, output = kernel.execute(code, timeout_s=120)
+    assert execution.ok, output.items
+    assert output.items[-1].text.strip() == "3"
+
+
+def test_files_go_in_and_come_out(backend: DockerSandboxBackend, sandbox: SandboxHandle, kernel: KernelClient) -> None:
+    backend.put_file(sandbox, "/workspace/data/in.csv", b"a,b\n1,2\n")
+    execution, output = kernel.execute(
+        "import pandas as pd\ndf = pd.read_csv('./data/in.csv')\ndf.to_csv('./output/out.csv', index=False)\n"
+        "import os; os.makedirs('./output/sub', exist_ok=True); open('./output/sub/t.txt', 'w').write('hi')",
+        timeout_s=60,
+    )
+    assert execution.ok, output.items
+    files = backend.get_tree(sandbox, "/workspace/output")
+    assert files == {"out.csv": b"a,b\n1,2\n", "sub/t.txt": b"hi"}
+    assert backend.get_tree(sandbox, "/workspace/nothing-here") == {}
+
+
+def test_a_cell_past_its_timeout_is_interrupted(kernel: KernelClient) -> None:
+    execution, _ = kernel.execute("import time\ntime.sleep(60)", timeout_s=1)
+    assert execution.timed_out and execution.duration_s < 15
+    execution, output = kernel.execute("print('still alive')", timeout_s=10)
+    assert execution.ok and output.items[0].text == "still alive\n"
+
+
+def test_stop_removes_the_container_and_a_stopped_sandbox_is_unavailable(backend: DockerSandboxBackend) -> None:
+    handle = backend.start(SandboxSpec(evaluation_id="test-sandbox", task_index=2, attempt=1, image=SANDBOX_IMAGE))
+    backend.stop(handle)
+    with pytest.raises(docker.errors.NotFound):
+        docker.from_env().containers.get(handle.sandbox_id)
+    with pytest.raises(SandboxUnavailableError):
+        backend.put_file(handle, "/workspace/data/x", b"x")
+    backend.stop(handle)  # a second stop is harmless
+
+
+def test_a_missing_image_is_a_start_error_that_says_how_to_build(backend: DockerSandboxBackend) -> None:
+    spec = SandboxSpec(evaluation_id="test-sandbox", task_index=3, attempt=1, image="pybench-eval/no-such:image")
+    with pytest.raises(SandboxStartError, match="make images"):
+        backend.start(spec)
+
+
+def test_cell_round_trip_costs_milliseconds(kernel: KernelClient) -> None:
+    """Not a timed assertion of speed targets (those are benchmarks): a guard against Nagle's 40 ms stalls."""
+    kernel.execute("pass", timeout_s=10)
+    samples = []
+    for _ in range(30):
+        started = time.perf_counter()
+        kernel.execute("1", timeout_s=10)
+        samples.append(time.perf_counter() - started)
+    median_ms = statistics.median(samples) * 1000
+    print(f"median cell round trip through the sandbox: {median_ms:.1f} ms")
+    assert median_ms < 35, f"median round trip {median_ms:.1f} ms: is TCP_NODELAY set on both sides?"

@@ -1,0 +1,110 @@
+"""One task session end to end through the executor's job: real Redis, a real sandbox container, the real
+replay model server on loopback."""
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+from redis import Redis
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from executor.jobs import execute_session
+from executor.messages import INTERPRETER_PREFIX, opening_messages
+from executor.replay.server import create_app
+from executor.sandboxes.docker import DockerSandboxBackend
+from executor.settings import ExecutorSettings
+from services.evaluation import Evaluation, ModelEndpoint, Sampling, TaskState
+from services.queues import GRADING_QUEUE, GradeJob, SessionJob, grade_job_id
+from services.state import StateStore
+from services.store import ArtifactStore
+from services.suite import load_suite
+from services.trajectory import EndReason
+from tests.servers import serve
+
+pytestmark = pytest.mark.docker
+
+TEST_NETWORK = "pbe-test-sandboxes"
+
+
+@pytest.fixture(scope="module")
+def replay_url(suite_path: Path) -> Iterator[str]:
+    with serve(create_app(suite_path / "trajectory.jsonl")) as url:
+        yield url + "/v1"
+
+
+def recorded(suite_path: Path, index: int) -> list[dict[str, str]]:
+    for line in (suite_path / "trajectory.jsonl").read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if int(record["index"]) == index:
+            messages: list[dict[str, str]] = record["messages"]
+            return messages
+    raise AssertionError(f"task {index} has no recorded trajectory")
+
+
+def run(index: int, redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path, replay_url: str,
+        max_turns: int = 10) -> tuple[dict[str, object], ExecutorSettings, Evaluation]:
+    settings = ExecutorSettings(
+        REDIS_URL=redis_url, SUITE_PATH=suite_path, ARTIFACT_ROOT=tmp_path, SANDBOX_NETWORK=TEST_NETWORK
+    )
+    evaluation = Evaluation(
+        id=f"sess{index}", model=ModelEndpoint(base_url=replay_url, model="pybench-replay"), suite="pybench",
+        tasks=[index], max_turns=max_turns, cell_timeout_s=120, prompt="gpt", sampling=Sampling(),
+    )
+    StateStore(redis_client).create(evaluation, None)
+    summary = execute_session(
+        SessionJob(evaluation_id=evaluation.id, task_index=index),
+        settings=settings, redis=redis_client, backend=DockerSandboxBackend(network=TEST_NETWORK),
+    )
+    return summary, settings, evaluation
+
+
+def test_a_recorded_session_replays_through_a_sandbox_of_its_own(
+    redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path, replay_url: str
+) -> None:
+    summary, settings, evaluation = run(16, redis_url, redis_client, suite_path, tmp_path, replay_url)
+    trajectory = ArtifactStore(tmp_path).get_trajectory(evaluation.id, 16, 1)
+    suite = load_suite(suite_path)
+    opening = opening_messages(suite.system_prompt("gpt"), suite.task(16))
+    assert trajectory.messages[: len(opening)] == opening
+    expected = [m["content"] for m in recorded(suite_path, 16) if m["role"] == "assistant"]
+    assert [m.content for m in trajectory.messages if m.role == "assistant"] == expected
+    for message in trajectory.messages[len(opening):]:
+        assert message.role == "assistant" or message.content.startswith(INTERPRETER_PREFIX)
+    assert trajectory.end_reason is EndReason.NO_CODE
+    assert "./output/16.png" in trajectory.output_files
+    assert (tmp_path / "evaluations" / evaluation.id / "tasks/16/attempt-1/output/16.png").read_bytes()[:4] == (
+        b"\x89PNG"
+    )
+    # The sandbox that ran it is recorded and gone.
+    assert trajectory.session is not None and summary["sandbox_id"] == trajectory.session.sandbox_id
+    with pytest.raises(docker.errors.NotFound):
+        docker.from_env().containers.get(trajectory.session.sandbox_id)
+    # Grading is enqueued under its deterministic id, and the task waits for it.
+    grade = GradeJob(evaluation_id=evaluation.id, task_index=16)
+    queue = Queue(GRADING_QUEUE, connection=redis_client, serializer=JSONSerializer)
+    assert queue.job_ids == [grade_job_id(grade)]
+    assert StateStore(redis_client).task_states(evaluation.id) == {16: TaskState.GRADING}
+
+
+def test_turn_limit_ends_the_session(
+    redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path, replay_url: str
+) -> None:
+    summary, _, evaluation = run(7, redis_url, redis_client, suite_path, tmp_path, replay_url, max_turns=1)
+    trajectory = ArtifactStore(tmp_path).get_trajectory(evaluation.id, 7, 1)
+    assert trajectory.end_reason is EndReason.MAX_TURNS and summary["turns"] == 1
+    assert trajectory.messages[-1].content.startswith(INTERPRETER_PREFIX)
+
+
+def test_an_unreachable_model_is_an_infrastructure_error_and_leaves_no_container(
+    redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path
+) -> None:
+    from tests.servers import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    summary, _, evaluation = run(7, redis_url, redis_client, suite_path, tmp_path, dead)
+    trajectory = ArtifactStore(tmp_path).get_trajectory(evaluation.id, 7, 1)
+    assert trajectory.end_reason is EndReason.MODEL_ERROR and "did not answer" in (trajectory.error or "")
+    assert not docker.from_env().containers.list(all=True, filters={"label": "pybench-eval.evaluation=sess7"})
