@@ -59,6 +59,9 @@ demo: up ## Run ten PyBench tasks against the replay model and print the verdict
 test: images compose-plugin ## Run the tests (unit, real Redis, real sandbox containers, the compose stack)
 	$(PYTHON) -m pytest
 
+bench: images ## Print the sandbox's figures: cold start and cell round trip (last line: JSON)
+	$(PYTHON) scripts/bench_sandbox.py
+
 lint: ## ruff and mypy
 	$(PYTHON) -m ruff check services gateway executor grader tests scripts
 	$(PYTHON) -m mypy

@@ -76,7 +76,12 @@ def execute_session(
     state.set_task_state(evaluation.id, task.index, TaskState.GRADING)
     grade = GradeJob(evaluation_id=evaluation.id, task_index=task.index, attempt=job.attempt)
     enqueue(
-        redis, GRADING_QUEUE, GRADE_SESSION_JOB, grade, job_id=grade_job_id(grade), timeout_s=DEFAULT_GRADE_JOB_TIMEOUT_S
+        redis,
+        GRADING_QUEUE,
+        GRADE_SESSION_JOB,
+        grade,
+        job_id=grade_job_id(grade),
+        timeout_s=DEFAULT_GRADE_JOB_TIMEOUT_S,
     )
     log.info(
         "task %d of %s: %s after %d turns in %s",

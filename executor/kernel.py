@@ -6,6 +6,7 @@ a few milliseconds. Errors: an unreachable gateway or a dead kernel raises ``San
 that runs past its timeout is interrupted and comes back as an ``Execution`` with ``timed_out``.
 """
 
+import contextlib
 import json
 import socket
 import time
@@ -55,7 +56,7 @@ class KernelClient:
             )
             response.raise_for_status()
             self.kernel_id = str(response.json()["id"])
-            ws_url = "ws" + self.base_url[len("http"):] + f"/api/kernels/{self.kernel_id}/channels"
+            ws_url = "ws" + self.base_url[len("http") :] + f"/api/kernels/{self.kernel_id}/channels"
             self._ws = websocket.create_connection(
                 ws_url,
                 header=[f"Authorization: token {self._token}"],
@@ -156,24 +157,18 @@ class KernelClient:
         """Interrupt the running cell (best effort)."""
         if self.kernel_id is None:
             return
-        try:
+        with contextlib.suppress(httpx.HTTPError):
             self._http.post(f"{self.base_url}/api/kernels/{self.kernel_id}/interrupt", headers=self._headers)
-        except httpx.HTTPError:
-            pass
 
     def close(self) -> None:
         """Close the channels and shut the kernel down (best effort: the sandbox is removed anyway)."""
         if self._ws is not None:
-            try:
+            with contextlib.suppress(websocket.WebSocketException, OSError):
                 self._ws.close()
-            except (websocket.WebSocketException, OSError):
-                pass
             self._ws = None
         if self.kernel_id is not None:
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 self._http.delete(f"{self.base_url}/api/kernels/{self.kernel_id}", headers=self._headers, timeout=5)
-            except httpx.HTTPError:
-                pass
             self.kernel_id = None
         if self._owns_http:
             self._http.close()

@@ -38,7 +38,10 @@ def output_text(output: CellOutput) -> str:
 def interpreter_message(execution: Execution, output: CellOutput) -> Message:
     """The user message that reports a cell's execution back to the model."""
     if execution.timed_out:
-        body = ERROR_PREAMBLE + f"Error: TimeoutError\nThe cell ran longer than its time limit ({execution.duration_s:.0f} s) and was interrupted\n"
+        body = (
+            ERROR_PREAMBLE
+            + f"Error: TimeoutError\nThe cell ran longer than its time limit ({execution.duration_s:.0f} s) and was interrupted\n"
+        )
     elif execution.error_name is not None:
         body = ERROR_PREAMBLE + f"Error: {execution.error_name}\n{execution.error_value or ''}\n"
     else:

@@ -101,9 +101,7 @@ class ModelClient:
         response = self._post(body)
         latency = time.monotonic() - started
         if response.status_code != 200:
-            raise ModelResponseError(
-                f"model endpoint answered HTTP {response.status_code}: {response.text[:300]}"
-            )
+            raise ModelResponseError(f"model endpoint answered HTTP {response.status_code}: {response.text[:300]}")
         try:
             payload = response.json()
             choice = payload["choices"][0]

@@ -65,9 +65,7 @@ class CellOutput:
             )
         elif msg_type == "error":
             traceback = "\n".join(strip_ansi(line) for line in content.get("traceback", []))
-            self.items.append(
-                OutputItem("error", self._keep(traceback), str(content.get("ename", "Error")))
-            )
+            self.items.append(OutputItem("error", self._keep(traceback), str(content.get("ename", "Error"))))
             self.error = (str(content.get("ename", "Error")), strip_ansi(str(content.get("evalue", ""))))
         elif msg_type == "clear_output":
             self.items = [item for item in self.items if item.kind == "error"]

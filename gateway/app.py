@@ -38,14 +38,18 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > settings.MAX_BODY_BYTES:
             return problem_response(
-                413, "Request too large", f"the body may be at most {settings.MAX_BODY_BYTES} bytes",
+                413,
+                "Request too large",
+                f"the body may be at most {settings.MAX_BODY_BYTES} bytes",
                 request.url.path,
             )
         try:
             return await call_next(request)
         except RedisError as exc:
             return problem_response(
-                503, "Redis unavailable", f"the service cannot reach Redis ({type(exc).__name__}); retry shortly",
+                503,
+                "Redis unavailable",
+                f"the service cannot reach Redis ({type(exc).__name__}); retry shortly",
                 request.url.path,
             )
 

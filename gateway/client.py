@@ -68,5 +68,7 @@ class GatewayClient:
             if view["status"] == "completed":
                 return view
             if time.monotonic() > deadline:
-                raise TimeoutError(f"evaluation {evaluation_id} did not complete in {timeout_s:.0f} s: {view['progress']}")
+                raise TimeoutError(
+                    f"evaluation {evaluation_id} did not complete in {timeout_s:.0f} s: {view['progress']}"
+                )
             time.sleep(poll_s)

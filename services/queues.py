@@ -60,9 +60,7 @@ def grade_job_id(job: GradeJob) -> str:
     return f"pbe-grade-{job.evaluation_id}-{job.task_index}-a{job.attempt}"
 
 
-def enqueue(
-    redis: Redis, queue: str, function: str, payload: BaseModel, *, job_id: str, timeout_s: int
-) -> Any:
+def enqueue(redis: Redis, queue: str, function: str, payload: BaseModel, *, job_id: str, timeout_s: int) -> Any:
     """Enqueue ``function`` (a dotted path) with the JSON payload, under a deterministic job id.
 
     A job id that is already queued or running is left alone, so enqueuing the same work twice runs it once.

@@ -10,6 +10,8 @@ Keys (all prefixed ``pbe:``)::
                                           or enqueued; job payloads carry only the evaluation id
 """
 
+from typing import Any
+
 from redis import Redis
 
 from services.errors import PybenchEvalError
@@ -22,6 +24,10 @@ DEFAULT_SECRET_TTL_S = 14 * 24 * 3600
 
 class EvaluationNotFoundError(PybenchEvalError):
     pass
+
+
+def _verdict_mapping(verdicts: list[Verdict]) -> dict[Any, Any]:
+    return {str(v.task_index): v.model_dump_json() for v in verdicts}
 
 
 def _key(evaluation_id: str, *parts: str) -> str:
@@ -37,11 +43,11 @@ class StateStore:
     def create(self, evaluation: Evaluation, api_key: str | None, unavailable: list[Verdict] | None = None) -> None:
         """Record a new evaluation in one transaction: every task queued, and the unavailable tasks with
         their ``unavailable`` verdicts (they are never run)."""
-        states = {str(t): TaskState.QUEUED.value for t in evaluation.tasks}
+        states: dict[Any, Any] = {str(t): TaskState.QUEUED.value for t in evaluation.tasks}
         states.update({str(t): TaskState.UNAVAILABLE.value for t in evaluation.unavailable_tasks})
         pipe = self.redis.pipeline(transaction=True)
         if unavailable:
-            pipe.hset(_key(evaluation.id, "verdicts"), mapping={str(v.task_index): v.model_dump_json() for v in unavailable})
+            pipe.hset(_key(evaluation.id, "verdicts"), mapping=_verdict_mapping(unavailable))
         pipe.set(_key(evaluation.id), evaluation.model_dump_json())
         pipe.hset(_key(evaluation.id, "tasks"), mapping=states)
         pipe.zadd("pbe:evaluations", {evaluation.id: evaluation.created_at.timestamp()})

@@ -63,7 +63,9 @@ class ArtifactStore:
             raise StoreError(f"cannot read {path}: {exc}") from exc
 
     def put_evaluation(self, evaluation: Evaluation) -> None:
-        self._write(self.evaluation_dir(evaluation.id) / "evaluation.json", evaluation.model_dump_json(indent=1).encode())
+        self._write(
+            self.evaluation_dir(evaluation.id) / "evaluation.json", evaluation.model_dump_json(indent=1).encode()
+        )
 
     def get_evaluation(self, evaluation_id: str) -> Evaluation:
         return self._read(self.evaluation_dir(evaluation_id) / "evaluation.json", Evaluation)
@@ -104,4 +106,6 @@ class ArtifactStore:
         self._write(path, verdict.model_dump_json(indent=1).encode())
 
     def put_results(self, results: Results) -> None:
-        self._write(self.evaluation_dir(results.evaluation_id) / "results.json", results.model_dump_json(indent=1).encode())
+        self._write(
+            self.evaluation_dir(results.evaluation_id) / "results.json", results.model_dump_json(indent=1).encode()
+        )

@@ -4,9 +4,9 @@ import statistics
 import time
 from collections.abc import Iterator
 
-import docker
 import pytest
 
+import docker
 from executor.kernel import KernelClient
 from executor.sandboxes.base import SandboxSpec
 from executor.sandboxes.docker import DockerSandboxBackend

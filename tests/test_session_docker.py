@@ -5,12 +5,12 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import docker
 import pytest
 from redis import Redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
+import docker
 from executor.jobs import execute_session
 from executor.messages import INTERPRETER_PREFIX, opening_messages
 from executor.replay.server import create_app
@@ -44,19 +44,34 @@ def recorded(suite_path: Path, index: int) -> list[dict[str, str]]:
     raise AssertionError(f"task {index} has no recorded trajectory")
 
 
-def run(index: int, redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path, replay_url: str,
-        max_turns: int = 10) -> tuple[dict[str, object], ExecutorSettings, Evaluation]:
+def run(
+    index: int,
+    redis_url: str,
+    redis_client: Redis,
+    suite_path: Path,
+    tmp_path: Path,
+    replay_url: str,
+    max_turns: int = 10,
+) -> tuple[dict[str, object], ExecutorSettings, Evaluation]:
     settings = ExecutorSettings(
         REDIS_URL=redis_url, SUITE_PATH=suite_path, ARTIFACT_ROOT=tmp_path, SANDBOX_NETWORK=TEST_NETWORK
     )
     evaluation = Evaluation(
-        id=f"sess{index}", model=ModelEndpoint(base_url=replay_url, model="pybench-replay"), suite="pybench",
-        tasks=[index], max_turns=max_turns, cell_timeout_s=120, prompt="gpt", sampling=Sampling(),
+        id=f"sess{index}",
+        model=ModelEndpoint(base_url=replay_url, model="pybench-replay"),
+        suite="pybench",
+        tasks=[index],
+        max_turns=max_turns,
+        cell_timeout_s=120,
+        prompt="gpt",
+        sampling=Sampling(),
     )
     StateStore(redis_client).create(evaluation, None)
     summary = execute_session(
         SessionJob(evaluation_id=evaluation.id, task_index=index),
-        settings=settings, redis=redis_client, backend=DockerSandboxBackend(network=TEST_NETWORK),
+        settings=settings,
+        redis=redis_client,
+        backend=DockerSandboxBackend(network=TEST_NETWORK),
     )
     return summary, settings, evaluation
 
@@ -71,7 +86,7 @@ def test_a_recorded_session_replays_through_a_sandbox_of_its_own(
     assert trajectory.messages[: len(opening)] == opening
     expected = [m["content"] for m in recorded(suite_path, 16) if m["role"] == "assistant"]
     assert [m.content for m in trajectory.messages if m.role == "assistant"] == expected
-    for message in trajectory.messages[len(opening):]:
+    for message in trajectory.messages[len(opening) :]:
         assert message.role == "assistant" or message.content.startswith(INTERPRETER_PREFIX)
     assert trajectory.end_reason is EndReason.NO_CODE
     assert "./output/16.png" in trajectory.output_files

@@ -15,7 +15,7 @@ async def _open_with_nodelay(self, *args, **kwargs):  # type: ignore[no-untyped-
     return await _open(self, *args, **kwargs)
 
 
-KernelWebsocketHandler.open = _open_with_nodelay  # type: ignore[method-assign]
+KernelWebsocketHandler.open = _open_with_nodelay
 
 c = get_config()  # type: ignore[name-defined]  # noqa: F821
 c.KernelGatewayApp.ip = "0.0.0.0"

@@ -14,15 +14,15 @@ import tarfile
 import time
 from typing import Any
 
-import docker
 import docker.errors
 import httpx
 import requests
 
+import docker
+import docker.client
+from executor.sandboxes.base import SandboxBackend, SandboxSpec
 from services.errors import SandboxStartError, SandboxUnavailableError
 from services.sandbox import SANDBOX_LABEL_PREFIX, SANDBOX_NAME_PREFIX, SandboxHandle
-
-from executor.sandboxes.base import SandboxBackend, SandboxSpec
 
 DEFAULT_GATEWAY_PORT = 8888
 """The port the kernel gateway listens on inside the container."""
@@ -47,7 +47,7 @@ class DockerSandboxBackend(SandboxBackend):
     def client(self) -> Any:
         if self._client is None:
             try:
-                self._client = docker.from_env()
+                self._client = docker.client.from_env()
             except docker.errors.DockerException as exc:
                 raise SandboxStartError(f"cannot reach the Docker engine: {exc}; is DOCKER_HOST right?") from exc
         return self._client
@@ -61,7 +61,9 @@ class DockerSandboxBackend(SandboxBackend):
 
     def start(self, spec: SandboxSpec) -> SandboxHandle:
         token = secrets.token_urlsafe(24)
-        name = f"{SANDBOX_NAME_PREFIX}{spec.evaluation_id[:12]}-{spec.task_index}-a{spec.attempt}-{secrets.token_hex(3)}"
+        name = (
+            f"{SANDBOX_NAME_PREFIX}{spec.evaluation_id[:12]}-{spec.task_index}-a{spec.attempt}-{secrets.token_hex(3)}"
+        )
         labels = {
             _ROLE_LABEL: "sandbox",
             f"{SANDBOX_LABEL_PREFIX}.evaluation": spec.evaluation_id,

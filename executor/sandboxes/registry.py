@@ -2,10 +2,9 @@
 
 from collections.abc import Callable
 
-from services.errors import ConfigurationError
-
 from executor.sandboxes.base import SandboxBackend
 from executor.settings import ExecutorSettings
+from services.errors import ConfigurationError
 
 
 def _docker(settings: ExecutorSettings) -> SandboxBackend:

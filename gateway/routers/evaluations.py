@@ -80,8 +80,9 @@ def create_evaluation(
         raise Problem(422, "Unknown suite", f"no suite {body.suite!r}; this service offers {suite.name!r}")
     if body.prompt not in suite.prompts():
         raise Problem(
-            422, "Unknown prompt", f"suite {suite.name!r} has no prompt {body.prompt!r}; use one of: "
-            + ", ".join(suite.prompts())
+            422,
+            "Unknown prompt",
+            f"suite {suite.name!r} has no prompt {body.prompt!r}; use one of: " + ", ".join(suite.prompts()),
         )
     indices = _selected_tasks(body, suite)
     evaluation = Evaluation(
@@ -103,8 +104,14 @@ def create_evaluation(
         if index in evaluation.unavailable_tasks:
             continue
         job = SessionJob(evaluation_id=evaluation.id, task_index=index)
-        enqueue(redis, SESSIONS_QUEUE, RUN_SESSION_JOB, job, job_id=session_job_id(job),
-                timeout_s=DEFAULT_SESSION_JOB_TIMEOUT_S)
+        enqueue(
+            redis,
+            SESSIONS_QUEUE,
+            RUN_SESSION_JOB,
+            job,
+            job_id=session_job_id(job),
+            timeout_s=DEFAULT_SESSION_JOB_TIMEOUT_S,
+        )
     progress = state.progress(evaluation.id)
     return EvaluationView(evaluation=evaluation, status=state.status(progress), progress=progress)
 
@@ -116,9 +123,7 @@ def get_evaluation(evaluation_id: str, state: StateDep) -> EvaluationView:
     return EvaluationView(evaluation=evaluation, status=state.status(progress), progress=progress)
 
 
-@router.get(
-    "/{evaluation_id}/results", operation_id="get_results", summary="Per-task verdicts and the metrics so far"
-)
+@router.get("/{evaluation_id}/results", operation_id="get_results", summary="Per-task verdicts and the metrics so far")
 def get_results(evaluation_id: str, state: StateDep) -> Results:
     state.get(evaluation_id)
     progress = state.progress(evaluation_id)
@@ -140,6 +145,8 @@ def list_tasks(evaluation_id: str, state: StateDep) -> list[TaskStatus]:
     operation_id="get_trajectory",
     summary="The trajectory of a task's session (messages in PyBench's shapes, turns, sandbox)",
 )
-def get_trajectory(evaluation_id: str, task_index: int, state: StateDep, store: StoreDep, attempt: int = 1) -> Trajectory:
+def get_trajectory(
+    evaluation_id: str, task_index: int, state: StateDep, store: StoreDep, attempt: int = 1
+) -> Trajectory:
     state.get(evaluation_id)
     return store.get_trajectory(evaluation_id, task_index, attempt)

@@ -1,0 +1,101 @@
+"""The whole stack through docker compose: tasks submitted over REST run in sandboxes of their own against
+the replay model, are graded, and leave no sandbox behind."""
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import docker
+from executor.messages import INTERPRETER_PREFIX, opening_messages
+from gateway.client import GatewayClient, GatewayError
+from services.suite import load_suite
+from tests.servers import free_port
+
+pytestmark = [pytest.mark.compose, pytest.mark.docker, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+STACK = "pbe-e2e"
+TASKS = [7, 13, 16, 31, 53, 134]
+"""Five tasks with recorded trajectories across four categories, and task 13 whose input is missing."""
+
+
+def compose(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["docker", "compose", "-p", STACK, *args], cwd=ROOT, env=env, text=True, capture_output=True, timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def gateway(suite_path: Path) -> Iterator[GatewayClient]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "PBE_STACK": STACK,
+        "PBE_GATEWAY_PORT": str(port),
+        "PBE_SUITE_DIR": str(suite_path.resolve()),
+        "DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid),
+        "PBE_EXECUTORS": "2",
+    }
+    up = compose(env, "up", "-d", "--no-build", "--wait", "--wait-timeout", "180")
+    try:
+        assert up.returncode == 0, up.stderr + compose(env, "logs", "--tail", "50").stdout
+        client = GatewayClient(f"http://127.0.0.1:{port}")
+        yield client
+        client.close()
+    finally:
+        logs = compose(env, "logs", "--no-color", "--tail", "200")
+        (ROOT / "var").mkdir(exist_ok=True)
+        (ROOT / "var" / "e2e-compose.log").write_text(logs.stdout + logs.stderr)
+        compose(env, "down", "-v", "--remove-orphans")
+
+
+def test_tasks_submitted_over_rest_run_each_in_its_own_sandbox_and_are_graded(
+    gateway: GatewayClient, suite_path: Path
+) -> None:
+    view = gateway.submit(
+        {"model": {"base_url": "http://replay:8000/v1", "model": "pybench-replay"}, "tasks": TASKS, "prompt": "gpt"}
+    )
+    evaluation_id = view["evaluation"]["id"]
+    assert view["evaluation"]["unavailable_tasks"] == [13]
+    final = gateway.wait(evaluation_id, timeout_s=600)
+    assert final["progress"]["total"] == len(TASKS)
+
+    results = gateway.results(evaluation_id)
+    verdicts = {v["task_index"]: v for v in results["verdicts"]}
+    assert sorted(verdicts) == TASKS
+    assert verdicts[13]["status"] == "unavailable"
+    for index in (7, 16, 31, 53, 134):
+        assert verdicts[index]["status"] == "passed", verdicts[index]
+    assert results["complete"] and results["metrics"]["tasks"] == len(TASKS)
+    assert results["metrics"]["passed"] == 5
+
+    suite = load_suite(suite_path)
+    sandboxes = set()
+    for index in (7, 16, 31, 53, 134):
+        trajectory = gateway.trajectory(evaluation_id, index)
+        opening = [m.model_dump() for m in opening_messages(suite.system_prompt("gpt"), suite.task(index))]
+        assert trajectory["messages"][: len(opening)] == opening
+        for message in trajectory["messages"][len(opening) :]:
+            assert message["role"] == "assistant" or message["content"].startswith(INTERPRETER_PREFIX)
+        assert trajectory["end_reason"] == "no_code"
+        sandboxes.add(trajectory["session"]["sandbox_id"])
+        assert verdicts[index]["sandbox_id"] == trajectory["session"]["sandbox_id"]
+    assert len(sandboxes) == 5, "each task session runs in a container of its own"
+
+    engine = docker.from_env()
+    assert not engine.containers.list(all=True, filters={"label": f"pybench-eval.evaluation={evaluation_id}"})
+    for sandbox_id in sandboxes:
+        with pytest.raises(docker.errors.NotFound):
+            engine.containers.get(sandbox_id)
+
+
+def test_bad_requests_get_problem_documents(gateway: GatewayClient) -> None:
+    with pytest.raises(GatewayError) as unknown:
+        gateway.submit({"model": {"base_url": "http://replay:8000/v1", "model": "m"}, "tasks": [99999]})
+    assert unknown.value.status == 422 and "99999" in str(unknown.value)
+    with pytest.raises(GatewayError) as missing:
+        gateway.evaluation("nosuchevaluation")
+    assert missing.value.status == 404
