@@ -12,7 +12,7 @@ REDIS_BASE_IMAGE ?= $(BASE_IMAGE)
 PBE_SUITE_DIR ?= $(abspath ../shared/pybench)
 DOCKER_GID ?= $(shell stat -c %g /var/run/docker.sock 2>/dev/null || echo 999)
 PBE_GATEWAY_PORT ?= 8080
-DEMO_TASKS ?= 7,13,16,18,31,53,60,90,117,134,137
+DEMO_TASKS ?= 13,16,30,44,77,90,103,112,121,134,135
 export PBE_SUITE_DIR DOCKER_GID PBE_GATEWAY_PORT BASE_IMAGE
 
 COMPOSE := docker compose -p pybench-eval

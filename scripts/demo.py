@@ -17,7 +17,7 @@ from gateway.client import GatewayClient  # noqa: E402
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gateway", default="http://127.0.0.1:8080")
-    parser.add_argument("--tasks", default="7,13,16,18,31,53,60,90,117,134,137", help="comma-separated task indices")
+    parser.add_argument("--tasks", default="13,16,30,44,77,90,103,112,121,134,135", help="comma-separated task indices")
     parser.add_argument("--model-url", default="http://replay:8000/v1", help="as the executor reaches it")
     parser.add_argument("--timeout", type=float, default=900.0)
     args = parser.parse_args()

@@ -37,7 +37,7 @@ def test_submission_is_stored_and_one_session_per_available_task_is_enqueued(
     assert view["progress"]["counts"] == {"queued": 2, "running": 0, "grading": 0, "done": 0, "unavailable": 1}
     assert (tmp_path / "evaluations" / evaluation_id / "evaluation.json").is_file()
     queue = Queue(SESSIONS_QUEUE, connection=redis_client, serializer=JSONSerializer)
-    assert sorted(queue.job_ids) == [f"pbe-session-{evaluation_id}-7-a1", f"pbe-session-{evaluation_id}-16-a1"]
+    assert queue.job_ids == [f"pbe-session-{evaluation_id}-7-a1", f"pbe-session-{evaluation_id}-16-a1"]
     assert sorted(job.args[0]["task_index"] for job in queue.jobs) == [7, 16]
     assert all(set(job.args[0]) == {"evaluation_id", "task_index", "attempt"} for job in queue.jobs)
     # The key is kept for the executor but never shown, stored with the evaluation, or put in a job.

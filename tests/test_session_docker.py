@@ -79,18 +79,18 @@ def run(
 def test_a_recorded_session_replays_through_a_sandbox_of_its_own(
     redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path, replay_url: str
 ) -> None:
-    summary, settings, evaluation = run(16, redis_url, redis_client, suite_path, tmp_path, replay_url)
-    trajectory = ArtifactStore(tmp_path).get_trajectory(evaluation.id, 16, 1)
+    summary, settings, evaluation = run(44, redis_url, redis_client, suite_path, tmp_path, replay_url)
+    trajectory = ArtifactStore(tmp_path).get_trajectory(evaluation.id, 44, 1)
     suite = load_suite(suite_path)
-    opening = opening_messages(suite.system_prompt("gpt"), suite.task(16))
+    opening = opening_messages(suite.system_prompt("gpt"), suite.task(44))
     assert trajectory.messages[: len(opening)] == opening
-    expected = [m["content"] for m in recorded(suite_path, 16) if m["role"] == "assistant"]
+    expected = [m["content"] for m in recorded(suite_path, 44) if m["role"] == "assistant"]
     assert [m.content for m in trajectory.messages if m.role == "assistant"] == expected
     for message in trajectory.messages[len(opening) :]:
         assert message.role == "assistant" or message.content.startswith(INTERPRETER_PREFIX)
     assert trajectory.end_reason is EndReason.NO_CODE
-    assert "./output/16.png" in trajectory.output_files
-    assert (tmp_path / "evaluations" / evaluation.id / "tasks/16/attempt-1/output/16.png").read_bytes()[:4] == (
+    assert "./output/44.png" in trajectory.output_files
+    assert (tmp_path / "evaluations" / evaluation.id / "tasks/44/attempt-1/output/44.png").read_bytes()[:4] == (
         b"\x89PNG"
     )
     # The sandbox that ran it is recorded and gone.
@@ -98,10 +98,10 @@ def test_a_recorded_session_replays_through_a_sandbox_of_its_own(
     with pytest.raises(docker.errors.NotFound):
         docker.from_env().containers.get(trajectory.session.sandbox_id)
     # Grading is enqueued under its deterministic id, and the task waits for it.
-    grade = GradeJob(evaluation_id=evaluation.id, task_index=16)
+    grade = GradeJob(evaluation_id=evaluation.id, task_index=44)
     queue = Queue(GRADING_QUEUE, connection=redis_client, serializer=JSONSerializer)
     assert queue.job_ids == [grade_job_id(grade)]
-    assert StateStore(redis_client).task_states(evaluation.id) == {16: TaskState.GRADING}
+    assert StateStore(redis_client).task_states(evaluation.id) == {44: TaskState.GRADING}
 
 
 def test_turn_limit_ends_the_session(

@@ -1,0 +1,130 @@
+"""The replay model: an OpenAI-compatible chat-completions server that answers with recorded trajectories.
+
+Given a PyBench ``trajectory.jsonl``, it finds the task of each request by its query (the first user message
+that is not an ``[INFO]`` message) and answers with the recorded assistant message whose position is the
+number of assistant messages already in the request. Past the recording's end it answers with a reply
+without code, so an agent loop stops. It is stateless: any number of sessions may run at once.
+
+Use: re-execute a published trajectory file through the real sandboxes (the code is run again; only the
+model's words are replayed), and a model that answers at once for the demo and the tests::
+
+    python -m executor.replay.server --trajectories ../shared/pybench/trajectory.jsonl --port 8000
+"""
+
+import argparse
+import math
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from executor.replay.recordings import Recordings, load_recordings, task_query
+
+DEFAULT_MODEL_NAME = "pybench-replay"
+"""The model name the server lists and answers as."""
+
+END_OF_RECORDING = "Finished: the recorded trajectory ends here."
+"""The reply past the last recorded assistant message: it holds no code, so the session ends."""
+
+
+class ChatMessage(BaseModel):
+    role: str
+    content: str | None = None
+
+
+class ChatRequest(BaseModel):
+    model: str = DEFAULT_MODEL_NAME
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+def estimate_tokens(text: str) -> int:
+    """A token count estimate, one token per four characters (the replay has no tokenizer)."""
+    return math.ceil(len(text) / 4)
+
+
+def _error(status: int, message: str, code: str) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": "invalid_request_error", "code": code}}, status_code=status
+    )
+
+
+def create_app(recordings_path: Path, model_name: str = DEFAULT_MODEL_NAME) -> FastAPI:
+    """Make the replay server.
+
+    Raises:
+        ConfigurationError: the recordings cannot be read.
+    """
+    recordings: Recordings = load_recordings(recordings_path)
+    app = FastAPI(title="pybench-eval replay model", version="0.1.0")
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(400, f"not a chat completion request: {exc.errors()[:3]}", "invalid_request")
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "recordings": len(recordings)}
+
+    @app.get("/v1/models")
+    def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "pybench-eval"}]}
+
+    @app.post("/v1/chat/completions", response_model=None)
+    def chat_completions(body: ChatRequest) -> dict[str, Any] | JSONResponse:
+        messages = [m.model_dump() for m in body.messages]
+        query = task_query(messages)
+        if query is None or query not in recordings.by_query:
+            return _error(
+                404,
+                "no recorded trajectory has this task's query; replay only the tasks of the trajectory file",
+                "task_not_recorded",
+            )
+        turn = sum(1 for m in body.messages if m.role == "assistant")
+        content = recordings.reply(query, turn) or END_OF_RECORDING
+        prompt_tokens = sum(estimate_tokens(m.content or "") for m in body.messages)
+        completion_tokens = estimate_tokens(content)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model_name,
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+    return app
+
+
+def default_trajectories() -> Path:
+    """``PBE_REPLAY_TRAJECTORIES``, else the suite's ``trajectory.jsonl`` (``PBE_SUITE_PATH``)."""
+    if "PBE_REPLAY_TRAJECTORIES" in os.environ:
+        return Path(os.environ["PBE_REPLAY_TRAJECTORIES"])
+    return Path(os.environ.get("PBE_SUITE_PATH", "../shared/pybench")) / "trajectory.jsonl"
+
+
+def main() -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="Serve recorded PyBench trajectories as an OpenAI-compatible model.")
+    parser.add_argument("--trajectories", type=Path, default=default_trajectories())
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--model-name", default=DEFAULT_MODEL_NAME)
+    args = parser.parse_args()
+    uvicorn.run(create_app(args.trajectories, args.model_name), host=args.host, port=args.port, log_level="info")
+
+
+if __name__ == "__main__":
+    main()

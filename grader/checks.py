@@ -1,0 +1,81 @@
+"""The check vocabulary: each kind a small function of (check parameters, what the session left).
+
+Task checks are data (``checks.json`` of the suite): ``{"kind": "file_exists", "paths": [...]}``. A kind that
+is not implemented yet gives an undecided result (``passed=None``); malformed parameters give a failed check
+with the reason. No check raises.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.verdict import CheckResult
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    """What a check may look at: the answer, and the files the session produced under ``./output``."""
+
+    answer: str
+    output_files: frozenset[str] = field(default_factory=frozenset)
+
+
+class CheckParameterError(ValueError):
+    """A check's parameters are not what its kind needs."""
+
+
+def normalise_output_path(path: str) -> str:
+    """Spell a produced file's name one way: ``output/x.png``, ``./output/x.png`` -> ``./output/x.png``."""
+    return "./" + path.removeprefix("./").lstrip("/")
+
+
+def _strings(check: dict[str, Any], name: str) -> list[str]:
+    value = check.get(name)
+    if not isinstance(value, list) or not value or not all(isinstance(item, str) for item in value):
+        raise CheckParameterError(f"{check.get('kind')} needs '{name}': a non-empty list of strings, got {value!r}")
+    return value
+
+
+def answer_contains_all(check: dict[str, Any], context: CheckContext) -> CheckResult:
+    """Every string of ``strings`` occurs in the answer."""
+    missing = [s for s in _strings(check, "strings") if s not in context.answer]
+    detail = "all strings found" if not missing else f"missing from the answer: {missing}"
+    return CheckResult(kind="answer_contains_all", passed=not missing, detail=detail)
+
+
+def answer_contains_any(check: dict[str, Any], context: CheckContext) -> CheckResult:
+    """At least one string of ``strings`` occurs in the answer."""
+    found = [s for s in _strings(check, "strings") if s in context.answer]
+    detail = f"found {found[0]!r}" if found else "none of the strings is in the answer"
+    return CheckResult(kind="answer_contains_any", passed=bool(found), detail=detail)
+
+
+def file_exists(check: dict[str, Any], context: CheckContext) -> CheckResult:
+    """Each path of ``paths`` (``./output/...``) is among the files the session produced."""
+    missing = [p for p in _strings(check, "paths") if normalise_output_path(p) not in context.output_files]
+    detail = "all files produced" if not missing else f"not produced: {missing}"
+    return CheckResult(kind="file_exists", passed=not missing, detail=detail)
+
+
+CHECKS: dict[str, Callable[[dict[str, Any], CheckContext], CheckResult]] = {
+    "answer_contains_all": answer_contains_all,
+    "answer_contains_any": answer_contains_any,
+    "file_exists": file_exists,
+}
+"""The implemented check kinds by name."""
+
+
+def run_check(check: dict[str, Any], context: CheckContext) -> CheckResult:
+    """Run one check; never raises.
+
+    Returns:
+        The result: ``passed`` None for a kind not implemented yet, False with the reason for bad parameters.
+    """
+    kind = str(check.get("kind", ""))
+    function = CHECKS.get(kind)
+    if function is None:
+        return CheckResult(kind=kind, passed=None, detail=f"check kind {kind!r} is not implemented yet")
+    try:
+        return function(check, context)
+    except CheckParameterError as exc:
+        return CheckResult(kind=kind, passed=False, detail=f"malformed check: {exc}")

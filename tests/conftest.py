@@ -1,0 +1,64 @@
+"""Shared fixtures: the suite's path, and a real Redis server on a free loopback port for the session."""
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from redis import Redis
+
+from tests.servers import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def suite_path() -> Path:
+    """The PyBench suite: ``PBE_SUITE_PATH``, else ``../shared/pybench`` beside the repository."""
+    path = Path(os.environ.get("PBE_SUITE_PATH", ROOT.parent / "shared" / "pybench")).resolve()
+    if not (path / "data" / "meta" / "task.json").is_file():
+        pytest.fail(f"no PyBench suite at {path}: set PBE_SUITE_PATH")
+    return path
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real redis-server (Debian's package) on 127.0.0.1, persistence off, stopped after the session."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is missing: apt-get install redis-server (the tests use a real Redis)")
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    process = subprocess.Popen(
+        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = Redis.from_url(url)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except Exception:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                pytest.fail("redis-server did not start")
+            time.sleep(0.05)
+    client.close()
+    yield url
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.fixture()
+def redis_client(redis_url: str) -> Iterator[Redis]:
+    """A client of the session's Redis, flushed before each test."""
+    client = Redis.from_url(redis_url)
+    client.flushdb()
+    yield client
+    client.close()
