@@ -17,12 +17,12 @@ def data_message(task: Task) -> Message:
 
 
 def opening_messages(system_prompt: str, task: Task) -> list[Message]:
-    """The system prompt, the data message (for tasks with input files) and the query."""
-    messages = [Message(role="system", content=system_prompt)]
-    if task.inputs:
-        messages.append(data_message(task))
-    messages.append(Message(role="user", content=task.query))
-    return messages
+    """The system prompt, the data message and the query.
+
+    PyBench sends the data message even when a task has no input file (``[INFO]The data is uploaded to ``
+    with nothing after it); the recorded trajectories show it, so it is kept.
+    """
+    return [Message(role="system", content=system_prompt), data_message(task), Message(role="user", content=task.query)]
 
 
 def output_text(output: CellOutput) -> str:

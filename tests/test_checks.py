@@ -1,0 +1,48 @@
+"""The check vocabulary: each kind passes and fails on fixtures; unknown kinds and bad parameters never raise."""
+
+import pytest
+
+from grader.checks import CheckContext, run_check
+
+CONTEXT = CheckContext(answer="Finished: Africa has 48 and Asia 32", output_files=frozenset({"./output/1.png"}))
+
+
+@pytest.mark.parametrize(
+    ("check", "passed"),
+    [
+        ({"kind": "answer_contains_all", "strings": ["48", "32"]}, True),
+        ({"kind": "answer_contains_all", "strings": ["48", "38"]}, False),
+        ({"kind": "answer_contains_any", "strings": ["99", "Asia"]}, True),
+        ({"kind": "answer_contains_any", "strings": ["99", "Europe"]}, False),
+        ({"kind": "file_exists", "paths": ["./output/1.png"]}, True),
+        ({"kind": "file_exists", "paths": ["output/1.png"]}, True),
+        ({"kind": "file_exists", "paths": ["./output/1.png", "./output/2.png"]}, False),
+    ],
+)
+def test_each_kind_passes_and_fails(check: dict[str, object], passed: bool) -> None:
+    result = run_check(check, CONTEXT)
+    assert result.kind == check["kind"] and result.passed is passed
+
+
+def test_a_failed_check_says_what_is_missing() -> None:
+    result = run_check({"kind": "file_exists", "paths": ["./output/2.png"]}, CONTEXT)
+    assert "./output/2.png" in result.detail
+
+
+def test_an_unknown_kind_is_undecided() -> None:
+    result = run_check({"kind": "image_size", "path": "./output/1.png"}, CONTEXT)
+    assert result.passed is None and "not implemented" in result.detail
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        {"kind": "answer_contains_all"},
+        {"kind": "answer_contains_any", "strings": []},
+        {"kind": "file_exists", "paths": "./output/1.png"},
+        {"kind": "answer_contains_all", "strings": [48]},
+    ],
+)
+def test_malformed_parameters_fail_with_the_reason(check: dict[str, object]) -> None:
+    result = run_check(check, CONTEXT)
+    assert result.passed is False and "malformed" in result.detail

@@ -1,0 +1,41 @@
+"""PyBench's metrics over verdicts."""
+
+import pytest
+
+from services.metrics import build_results, compute_metrics
+from services.verdict import Verdict, VerdictStatus
+
+
+def verdict(index: int, category: str, status: VerdictStatus, turns: int = 0) -> Verdict:
+    return Verdict(
+        evaluation_id="e", task_index=index, attempt=1, paper_category=category, status=status, turns=turns
+    )
+
+
+def test_pass_rate_divides_by_every_task_and_turns_average_the_scored_ones() -> None:
+    metrics = compute_metrics(
+        [
+            verdict(1, "Chart", VerdictStatus.PASSED, 2),
+            verdict(2, "Chart", VerdictStatus.FAILED, 10),
+            verdict(3, "Math", VerdictStatus.PASSED, 3),
+            verdict(4, "Text", VerdictStatus.UNAVAILABLE),
+            verdict(5, "Text", VerdictStatus.INFRA_ERROR, 1),
+        ]
+    )
+    assert (metrics.tasks, metrics.passed) == (5, 2)
+    assert metrics.pass_rate == pytest.approx(0.4)
+    assert metrics.avg_turns == pytest.approx(5.0)
+    assert metrics.per_category["Chart"].model_dump() == {"tasks": 2, "passed": 1, "pass_rate": 0.5}
+    assert metrics.per_category["Text"].pass_rate == 0.0
+    assert list(metrics.per_category) == ["Chart", "Text", "Math"]
+    assert metrics.by_status[VerdictStatus.UNAVAILABLE] == 1 and metrics.by_status[VerdictStatus.UNGRADABLE] == 0
+
+
+def test_no_verdicts_give_zeros() -> None:
+    metrics = compute_metrics([])
+    assert (metrics.tasks, metrics.pass_rate, metrics.avg_turns, metrics.per_category) == (0, 0.0, 0.0, {})
+
+
+def test_results_list_verdicts_by_task() -> None:
+    results = build_results("e", [verdict(9, "Math", VerdictStatus.PASSED), verdict(3, "Math", VerdictStatus.FAILED)], True)
+    assert [v.task_index for v in results.verdicts] == [3, 9] and results.complete
