@@ -40,9 +40,9 @@ wheels: ## Download the images' Python packages into local wheelhouses (for Pyth
 	@bash scripts/stage-wheels.sh staged/wheels -r requirements-app.txt
 
 images: base-image wheels ## Build the app, sandbox and redis images (layers are reused when nothing changed)
-	docker build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) -t pybench-eval/app:latest .
-	docker build -q --build-arg BASE_IMAGE=$(BASE_IMAGE) -t pybench-eval/sandbox:latest executor/sandbox
-	docker build -q --build-arg BASE_IMAGE=$(REDIS_BASE_IMAGE) -t pybench-eval/redis:latest docker/redis
+	docker build -q --force-rm --build-arg BASE_IMAGE=$(BASE_IMAGE) -t pybench-eval/app:latest .
+	docker build -q --force-rm --build-arg BASE_IMAGE=$(BASE_IMAGE) -t pybench-eval/sandbox:latest executor/sandbox
+	docker build -q --force-rm --build-arg BASE_IMAGE=$(REDIS_BASE_IMAGE) -t pybench-eval/redis:latest docker/redis
 
 up: images compose-plugin ## Start the stack (gateway on 127.0.0.1:$PBE_GATEWAY_PORT) and wait until healthy
 	$(COMPOSE) up -d --no-build --wait --wait-timeout 180

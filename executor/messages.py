@@ -38,10 +38,9 @@ def output_text(output: CellOutput) -> str:
 def interpreter_message(execution: Execution, output: CellOutput) -> Message:
     """The user message that reports a cell's execution back to the model."""
     if execution.timed_out:
-        body = (
-            ERROR_PREAMBLE
-            + f"Error: TimeoutError\nThe cell ran longer than its time limit ({execution.duration_s:.0f} s) and was interrupted\n"
-        )
+        limit = f"{execution.duration_s:.0f} s"
+        reason = f"The cell ran longer than its time limit ({limit}) and was interrupted"
+        body = ERROR_PREAMBLE + f"Error: TimeoutError\n{reason}\n"
     elif execution.error_name is not None:
         body = ERROR_PREAMBLE + f"Error: {execution.error_name}\n{execution.error_value or ''}\n"
     else:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from executor.agent import run_agent
+from executor.agent import AgentRun, run_agent
 from executor.kernel import KernelClient
 from executor.messages import opening_messages
 from executor.model import ModelClient
@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 
 WORKSPACE = "/workspace"
 """The sandbox's working directory: the kernel runs here, inputs go to ``./data``, results to ``./output``."""
+
+
+SessionResult = tuple[Trajectory, dict[str, bytes]]
+"""A session's trajectory, and the files it left under ``./output`` keyed by path relative to it."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ def run_task_session(
     backend: SandboxBackend,
     limits: SessionLimits,
     model: ModelClient,
-) -> tuple[Trajectory, dict[str, bytes]]:
+) -> SessionResult:
     """Run one task session in a sandbox of its own.
 
     Returns:
@@ -106,18 +110,23 @@ def run_task_session(
         ready_timeout_s=limits.ready_timeout_s,
     )
 
-    def infra_failure(error: SandboxError, session: SessionInfo | None) -> tuple[Trajectory, dict[str, bytes]]:
+    def finish(run: AgentRun, session: SessionInfo | None, files: dict[str, bytes]) -> SessionResult:
         trajectory = Trajectory(
             evaluation_id=evaluation.id,
             task_index=task.index,
             attempt=attempt,
-            messages=messages,
-            end_reason=EndReason.SANDBOX_ERROR,
-            error=str(error),
+            messages=run.messages,
+            turns=run.turns,
+            end_reason=run.end_reason,
+            error=run.error,
             session=session,
             wall_s=time.monotonic() - started,
+            output_files=sorted("./output/" + name for name in files),
         )
-        return trajectory, {}
+        return trajectory, files
+
+    def infra_failure(error: SandboxError, session: SessionInfo | None) -> SessionResult:
+        return finish(AgentRun(messages, end_reason=EndReason.SANDBOX_ERROR, error=str(error)), session, {})
 
     session_started = datetime.now(UTC)
     try:
@@ -157,16 +166,4 @@ def run_task_session(
         kernel.close()
         backend.stop(handle)
     session.ended_at = datetime.now(UTC)
-    trajectory = Trajectory(
-        evaluation_id=evaluation.id,
-        task_index=task.index,
-        attempt=attempt,
-        messages=run.messages,
-        turns=run.turns,
-        end_reason=run.end_reason,
-        error=run.error,
-        session=session,
-        wall_s=time.monotonic() - started,
-        output_files=sorted("./output/" + name for name in files),
-    )
-    return trajectory, files
+    return finish(run, session, files)

@@ -62,3 +62,18 @@ def redis_client(redis_url: str) -> Iterator[Redis]:
     client.flushdb()
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session")
+def sandbox_network() -> Iterator[str]:
+    """The name of an internal network for the tests' sandboxes; removed, with any sandbox left on it, at the end."""
+    import docker
+
+    name = "pbe-test-sandboxes"
+    yield name
+    engine = docker.from_env()
+    for container in engine.containers.list(all=True, filters={"label": "pybench-eval.role=sandbox"}):
+        if name in container.attrs["NetworkSettings"]["Networks"]:
+            container.remove(force=True)
+    for network in engine.networks.list(names=[name]):
+        network.remove()

@@ -21,25 +21,38 @@ def test_verdicts_are_recorded_and_results_written_once_every_task_is_graded(
     store = ArtifactStore(tmp_path)
     state = StateStore(redis_client)
     evaluation = Evaluation(
-        id="gradejob", model=ModelEndpoint(base_url="http://127.0.0.1:9/v1", model="m"), suite="pybench",
-        tasks=[44, 134], max_turns=10, cell_timeout_s=60, prompt="gpt", sampling=Sampling(),
+        id="gradejob",
+        model=ModelEndpoint(base_url="http://127.0.0.1:9/v1", model="m"),
+        suite="pybench",
+        tasks=[44, 134],
+        max_turns=10,
+        cell_timeout_s=60,
+        prompt="gpt",
+        sampling=Sampling(),
     )
     state.create(evaluation, None)
     for index, answer in ((44, "Finished: saved"), (134, "Finished: no idea")):
         store.put_trajectory(
-            Trajectory(evaluation_id=evaluation.id, task_index=index, attempt=1, end_reason=EndReason.NO_CODE,
-                       messages=[Message(role="user", content="q"), Message(role="assistant", content=answer)])
+            Trajectory(
+                evaluation_id=evaluation.id,
+                task_index=index,
+                attempt=1,
+                end_reason=EndReason.NO_CODE,
+                messages=[Message(role="user", content="q"), Message(role="assistant", content=answer)],
+            )
         )
     store.put_output_file(evaluation.id, 44, 1, "44.png", b"\x89PNG")
 
-    first = grade_and_record(GradeJob(evaluation_id=evaluation.id, task_index=44), redis=redis_client,
-                             suite=suite, store=store)
+    first = grade_and_record(
+        GradeJob(evaluation_id=evaluation.id, task_index=44), redis=redis_client, suite=suite, store=store
+    )
     assert first == {"task": 44, "status": "passed"}
     assert state.task_states(evaluation.id)[44] is TaskState.DONE
     assert not (tmp_path / "evaluations" / evaluation.id / "results.json").exists()
 
-    second = grade_and_record(GradeJob(evaluation_id=evaluation.id, task_index=134), redis=redis_client,
-                              suite=suite, store=store)
+    second = grade_and_record(
+        GradeJob(evaluation_id=evaluation.id, task_index=134), redis=redis_client, suite=suite, store=store
+    )
     assert second["status"] == "failed"
     assert [v.status for v in state.verdicts(evaluation.id)] == [VerdictStatus.PASSED, VerdictStatus.FAILED]
     results = (tmp_path / "evaluations" / evaluation.id / "results.json").read_text()
@@ -47,5 +60,7 @@ def test_verdicts_are_recorded_and_results_written_once_every_task_is_graded(
     assert (tmp_path / "evaluations" / evaluation.id / "tasks/44/attempt-1/verdict.json").is_file()
 
     # Grading the same session again replaces its verdict rather than adding one.
-    grade_and_record(GradeJob(evaluation_id=evaluation.id, task_index=134), redis=redis_client, suite=suite, store=store)
+    grade_and_record(
+        GradeJob(evaluation_id=evaluation.id, task_index=134), redis=redis_client, suite=suite, store=store
+    )
     assert len(state.verdicts(evaluation.id)) == 2

@@ -30,8 +30,10 @@ def trajectory(index: int, last: Message, end: EndReason = EndReason.NO_CODE, er
     )
 
 
-ANSWER_7 = "Finished: Africa 48, Latin America 38, Asiatic Region 32, Western Europe 26, Eastern Europe 23, " \
+ANSWER_7 = (
+    "Finished: Africa 48, Latin America 38, Asiatic Region 32, Western Europe 26, Eastern Europe 23, "
     "Middle East 15, Pacific Region 10, Northern America 2, Africa/Middle East 1"
+)
 
 
 def test_answer_checks_read_the_last_message(suite: Suite) -> None:

@@ -7,9 +7,7 @@ from services.verdict import Verdict, VerdictStatus
 
 
 def verdict(index: int, category: str, status: VerdictStatus, turns: int = 0) -> Verdict:
-    return Verdict(
-        evaluation_id="e", task_index=index, attempt=1, paper_category=category, status=status, turns=turns
-    )
+    return Verdict(evaluation_id="e", task_index=index, attempt=1, paper_category=category, status=status, turns=turns)
 
 
 def test_pass_rate_divides_by_every_task_and_turns_average_the_scored_ones() -> None:
@@ -37,5 +35,7 @@ def test_no_verdicts_give_zeros() -> None:
 
 
 def test_results_list_verdicts_by_task() -> None:
-    results = build_results("e", [verdict(9, "Math", VerdictStatus.PASSED), verdict(3, "Math", VerdictStatus.FAILED)], True)
+    results = build_results(
+        "e", [verdict(9, "Math", VerdictStatus.PASSED), verdict(3, "Math", VerdictStatus.FAILED)], True
+    )
     assert [v.task_index for v in results.verdicts] == [3, 9] and results.complete

@@ -46,8 +46,11 @@ def test_replies_follow_the_recording_turn_by_turn(url: str, record: dict[str, o
         assert reply["object"] == "chat.completion" and reply["choices"][0]["finish_reason"] == "stop"
         assert reply["choices"][0]["message"]["content"] == expected
         assert reply["usage"]["total_tokens"] == reply["usage"]["prompt_tokens"] + reply["usage"]["completion_tokens"]
-        conversation = [*conversation, {"role": "assistant", "content": expected},
-                        {"role": "user", "content": "[INFO]This is a Code Interpreter Message:\nok"}]
+        conversation = [
+            *conversation,
+            {"role": "assistant", "content": expected},
+            {"role": "user", "content": "[INFO]This is a Code Interpreter Message:\nok"},
+        ]
     past_end = httpx.post(f"{url}/v1/chat/completions", json={"messages": conversation}).json()
     assert past_end["choices"][0]["message"]["content"] == END_OF_RECORDING
     assert extract_code(END_OF_RECORDING) is None

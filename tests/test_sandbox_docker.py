@@ -15,13 +15,12 @@ from services.sandbox import SandboxHandle
 
 pytestmark = pytest.mark.docker
 
-TEST_NETWORK = "pbe-test-sandboxes"
 SANDBOX_IMAGE = "pybench-eval/sandbox:latest"
 
 
 @pytest.fixture(scope="module")
-def backend() -> Iterator[DockerSandboxBackend]:
-    backend = DockerSandboxBackend(network=TEST_NETWORK)
+def backend(sandbox_network: str) -> Iterator[DockerSandboxBackend]:
+    backend = DockerSandboxBackend(network=sandbox_network)
     yield backend
     backend.reap(evaluation_id="test-sandbox")
 
@@ -52,8 +51,8 @@ def test_sandbox_runs_as_labelled_unprivileged_container_on_internal_network(
     assert container.attrs["Config"]["User"] == "1000:1000"
     assert config["CapDrop"] == ["ALL"]
     assert config["Memory"] == 2048 * 2**20
-    assert list(container.attrs["NetworkSettings"]["Networks"]) == [TEST_NETWORK]
-    assert docker.from_env().networks.get(TEST_NETWORK).attrs["Internal"] is True
+    assert list(container.attrs["NetworkSettings"]["Networks"]) == [backend.network]
+    assert docker.from_env().networks.get(backend.network).attrs["Internal"] is True
     env_names = {item.split("=", 1)[0] for item in container.attrs["Config"]["Env"]}
     assert "KG_AUTH_TOKEN" in env_names
     assert not any("KEY" in name and name != "KG_AUTH_TOKEN" for name in env_names)

@@ -2,7 +2,7 @@
 replay model server on loopback."""
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,11 +22,9 @@ from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import load_suite
 from services.trajectory import EndReason
-from tests.servers import serve
+from tests.servers import free_port, serve
 
 pytestmark = pytest.mark.docker
-
-TEST_NETWORK = "pbe-test-sandboxes"
 
 
 @pytest.fixture(scope="module")
@@ -44,42 +42,45 @@ def recorded(suite_path: Path, index: int) -> list[dict[str, str]]:
     raise AssertionError(f"task {index} has no recorded trajectory")
 
 
-def run(
-    index: int,
-    redis_url: str,
-    redis_client: Redis,
-    suite_path: Path,
-    tmp_path: Path,
-    replay_url: str,
-    max_turns: int = 10,
-) -> tuple[dict[str, object], ExecutorSettings, Evaluation]:
-    settings = ExecutorSettings(
-        REDIS_URL=redis_url, SUITE_PATH=suite_path, ARTIFACT_ROOT=tmp_path, SANDBOX_NETWORK=TEST_NETWORK
-    )
-    evaluation = Evaluation(
-        id=f"sess{index}",
-        model=ModelEndpoint(base_url=replay_url, model="pybench-replay"),
-        suite="pybench",
-        tasks=[index],
-        max_turns=max_turns,
-        cell_timeout_s=120,
-        prompt="gpt",
-        sampling=Sampling(),
-    )
-    StateStore(redis_client).create(evaluation, None)
-    summary = execute_session(
-        SessionJob(evaluation_id=evaluation.id, task_index=index),
-        settings=settings,
-        redis=redis_client,
-        backend=DockerSandboxBackend(network=TEST_NETWORK),
-    )
-    return summary, settings, evaluation
+RunSession = Callable[..., tuple[dict[str, object], Evaluation]]
+
+
+@pytest.fixture()
+def run_session(
+    redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path, sandbox_network: str
+) -> RunSession:
+    """Run the executor job for one task against a model URL; returns the job's summary and the evaluation."""
+
+    def run(index: int, model_url: str, max_turns: int = 10) -> tuple[dict[str, object], Evaluation]:
+        settings = ExecutorSettings(
+            REDIS_URL=redis_url, SUITE_PATH=suite_path, ARTIFACT_ROOT=tmp_path, SANDBOX_NETWORK=sandbox_network
+        )
+        evaluation = Evaluation(
+            id=f"sess{index}",
+            model=ModelEndpoint(base_url=model_url, model="pybench-replay"),
+            suite="pybench",
+            tasks=[index],
+            max_turns=max_turns,
+            cell_timeout_s=120,
+            prompt="gpt",
+            sampling=Sampling(),
+        )
+        StateStore(redis_client).create(evaluation, None)
+        summary = execute_session(
+            SessionJob(evaluation_id=evaluation.id, task_index=index),
+            settings=settings,
+            redis=redis_client,
+            backend=DockerSandboxBackend(network=sandbox_network),
+        )
+        return summary, evaluation
+
+    return run
 
 
 def test_a_recorded_session_replays_through_a_sandbox_of_its_own(
-    redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path, replay_url: str
+    run_session: RunSession, redis_client: Redis, suite_path: Path, tmp_path: Path, replay_url: str
 ) -> None:
-    summary, settings, evaluation = run(44, redis_url, redis_client, suite_path, tmp_path, replay_url)
+    summary, evaluation = run_session(44, replay_url)
     trajectory = ArtifactStore(tmp_path).get_trajectory(evaluation.id, 44, 1)
     suite = load_suite(suite_path)
     opening = opening_messages(suite.system_prompt("gpt"), suite.task(44))
@@ -104,22 +105,17 @@ def test_a_recorded_session_replays_through_a_sandbox_of_its_own(
     assert StateStore(redis_client).task_states(evaluation.id) == {44: TaskState.GRADING}
 
 
-def test_turn_limit_ends_the_session(
-    redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path, replay_url: str
-) -> None:
-    summary, _, evaluation = run(7, redis_url, redis_client, suite_path, tmp_path, replay_url, max_turns=1)
+def test_turn_limit_ends_the_session(run_session: RunSession, tmp_path: Path, replay_url: str) -> None:
+    summary, evaluation = run_session(7, replay_url, max_turns=1)
     trajectory = ArtifactStore(tmp_path).get_trajectory(evaluation.id, 7, 1)
     assert trajectory.end_reason is EndReason.MAX_TURNS and summary["turns"] == 1
     assert trajectory.messages[-1].content.startswith(INTERPRETER_PREFIX)
 
 
 def test_an_unreachable_model_is_an_infrastructure_error_and_leaves_no_container(
-    redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path
+    run_session: RunSession, tmp_path: Path
 ) -> None:
-    from tests.servers import free_port
-
-    dead = f"http://127.0.0.1:{free_port()}/v1"
-    summary, _, evaluation = run(7, redis_url, redis_client, suite_path, tmp_path, dead)
+    _, evaluation = run_session(7, f"http://127.0.0.1:{free_port()}/v1")
     trajectory = ArtifactStore(tmp_path).get_trajectory(evaluation.id, 7, 1)
     assert trajectory.end_reason is EndReason.MODEL_ERROR and "did not answer" in (trajectory.error or "")
     assert not docker.from_env().containers.list(all=True, filters={"label": "pybench-eval.evaluation=sess7"})

@@ -94,9 +94,7 @@ def create_app(recordings_path: Path, model_name: str = DEFAULT_MODEL_NAME) -> F
             "object": "chat.completion",
             "created": int(time.time()),
             "model": model_name,
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
-            ],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
             "usage": {
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,

@@ -14,12 +14,12 @@ import tarfile
 import time
 from typing import Any
 
+import docker.client
 import docker.errors
 import httpx
 import requests
 
 import docker
-import docker.client
 from executor.sandboxes.base import SandboxBackend, SandboxSpec
 from services.errors import SandboxStartError, SandboxUnavailableError
 from services.sandbox import SANDBOX_LABEL_PREFIX, SANDBOX_NAME_PREFIX, SandboxHandle
