@@ -17,7 +17,7 @@ export PBE_SUITE_DIR DOCKER_GID PBE_GATEWAY_PORT BASE_IMAGE
 
 COMPOSE := docker compose -p pybench-eval
 
-.PHONY: help install compose-plugin base-image wheels images up down demo test lint bench reap
+.PHONY: help install compose-plugin base-image wheels images up down demo test lint bench bench-sandbox reap
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -59,13 +59,15 @@ demo: up ## Run ten PyBench tasks against the replay model and print the verdict
 test: images compose-plugin ## Run the tests (unit, real Redis, real sandbox containers, the compose stack)
 	$(PYTHON) -m pytest
 
-bench: images ## Print the sandbox's figures: cold start and cell round trip (last line: JSON)
+bench: bench-sandbox ## Run every benchmark (each prints a table, then one JSON line)
+
+bench-sandbox: images ## Sandbox figures: cold start vs bare docker run, warm hand-out, cell round trip vs nbclient
 	$(PYTHON) scripts/bench_sandbox.py
 
 lint: ## ruff and mypy
 	$(PYTHON) -m ruff check services gateway executor grader tests scripts
 	$(PYTHON) -m mypy
 
-reap: ## Remove sandbox containers left behind by a crashed worker
-	@ids=$$(docker ps -aq --filter label=pybench-eval.role=sandbox); \
-	  if [ -n "$$ids" ]; then docker rm -f $$ids >/dev/null && echo "removed $$(echo $$ids | wc -w) sandbox(es)"; fi
+REAP_AGE ?= 0
+reap: ## Remove leftover sandboxes (containers, workspace volumes) older than REAP_AGE seconds (default: all)
+	@$(PYTHON) -m executor.reap --older-than $(REAP_AGE)

@@ -14,7 +14,7 @@ from executor.kernel import KernelClient
 from executor.messages import interpreter_message, output_text
 from executor.model import ModelClient
 from services.errors import ModelEndpointError, SandboxError
-from services.trajectory import EndReason, Message, Turn
+from services.trajectory import MAX_IMAGES_PER_CELL, EndReason, Message, Turn
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,8 @@ def run_agent(
             run.end_reason, run.error = EndReason.SANDBOX_ERROR, str(exc)
             return run
         execution.output = output_text(output)
+        execution.images = output.images[:MAX_IMAGES_PER_CELL]
+        execution.images_dropped = max(0, len(output.images) - MAX_IMAGES_PER_CELL) + output.dropped_images
         turn.execution = execution
         run.messages.append(interpreter_message(execution, output))
         log.debug("turn %d: cell ran in %.3f s", index, time.monotonic() - started)

@@ -1,6 +1,7 @@
 """The executor's RQ job: run one task session, store its trajectory and files, enqueue its grading.
 
-Workers run ``rq worker --serializer rq.serializers.JSONSerializer pbe-sessions``; the gateway enqueues
+Workers run ``rq worker --worker-class executor.worker.ExecutorWorker --serializer
+rq.serializers.JSONSerializer pbe-sessions`` (jobs in-process, beside the warm pool); the gateway enqueues
 ``executor.jobs.run_session`` by name with a ``SessionJob`` payload (ids only, never an API key: the key is
 read here from the secret store).
 """
@@ -11,10 +12,12 @@ from typing import Any
 from redis import Redis
 
 from executor.model import ModelClient
+from executor.pool import WarmPool
 from executor.sandboxes.base import SandboxBackend
 from executor.sandboxes.registry import get_backend
 from executor.session import SessionLimits, run_task_session
 from executor.settings import ExecutorSettings
+from executor.worker import current_pool
 from services.evaluation import TaskState
 from services.queues import (
     DEFAULT_GRADE_JOB_TIMEOUT_S,
@@ -33,7 +36,7 @@ log = logging.getLogger(__name__)
 
 
 def execute_session(
-    job: SessionJob, *, settings: ExecutorSettings, redis: Redis, backend: SandboxBackend
+    job: SessionJob, *, settings: ExecutorSettings, redis: Redis, backend: SandboxBackend, pool: WarmPool | None = None
 ) -> dict[str, Any]:
     """Run the session of ``job`` and hand it to the grader.
 
@@ -66,7 +69,7 @@ def execute_session(
     )
     try:
         trajectory, files = run_task_session(
-            evaluation, task, job.attempt, suite=suite, backend=backend, limits=limits, model=model
+            evaluation, task, job.attempt, suite=suite, backend=backend, limits=limits, model=model, pool=pool
         )
     finally:
         model.close()
@@ -105,6 +108,8 @@ def run_session(payload: dict[str, Any]) -> dict[str, Any]:
     settings = ExecutorSettings()
     redis = Redis.from_url(settings.REDIS_URL)
     try:
-        return execute_session(job, settings=settings, redis=redis, backend=get_backend(settings))
+        pool = current_pool()
+        backend = pool.backend if pool is not None else get_backend(settings)
+        return execute_session(job, settings=settings, redis=redis, backend=backend, pool=pool)
     finally:
         redis.close()

@@ -38,9 +38,12 @@ def output_text(output: CellOutput) -> str:
 def interpreter_message(execution: Execution, output: CellOutput) -> Message:
     """The user message that reports a cell's execution back to the model."""
     if execution.timed_out:
-        limit = f"{execution.duration_s:.0f} s"
-        reason = f"The cell ran longer than its time limit ({limit}) and was interrupted"
+        how = "the kernel was restarted and every variable is lost" if execution.kernel_restarted else "interrupted"
+        reason = f"The cell ran longer than its time limit and was stopped ({how})"
         body = ERROR_PREAMBLE + f"Error: TimeoutError\n{reason}\n"
+    elif execution.kernel_restarted:
+        reason = "The kernel died while running the cell (out of memory, or killed) and was restarted"
+        body = ERROR_PREAMBLE + f"Error: KernelDiedError\n{reason}; every variable is lost\n"
     elif execution.error_name is not None:
         body = ERROR_PREAMBLE + f"Error: {execution.error_name}\n{execution.error_value or ''}\n"
     else:

@@ -7,6 +7,9 @@ from typing import Any
 DEFAULT_MAX_OUTPUT_CHARS = 1_000_000
 """Text kept per cell; the rest of an output flood is dropped and counted, so a flood cannot exhaust memory."""
 
+DEFAULT_MAX_IMAGE_CHARS = 4_000_000
+"""Base64 image data kept per cell (a few charts); further images are dropped and counted."""
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -32,6 +35,9 @@ class CellOutput:
     kept_chars: int = 0
     dropped_chars: int = 0
     max_chars: int = DEFAULT_MAX_OUTPUT_CHARS
+    image_chars: int = 0
+    max_image_chars: int = DEFAULT_MAX_IMAGE_CHARS
+    dropped_images: int = 0
     error: tuple[str, str] | None = None
     """The exception's name and message, when the cell raised."""
 
@@ -42,6 +48,14 @@ class CellOutput:
             text = text[:room]
         self.kept_chars += len(text)
         return text
+
+    def _fits(self, image: str) -> bool:
+        """Whether an image fits in what is left of the budget (it is counted as kept or dropped)."""
+        if len(image) > self.max_image_chars - self.image_chars:
+            self.dropped_images += 1
+            return False
+        self.image_chars += len(image)
+        return True
 
     def add(self, msg_type: str, content: dict[str, Any]) -> None:
         """Record one iopub message that belongs to the cell; other message types are ignored."""
@@ -55,7 +69,8 @@ class CellOutput:
                 self.items.append(OutputItem("stream", text, name))
         elif msg_type in ("execute_result", "display_data"):
             data = content.get("data", {})
-            images = [data["image/png"]] if isinstance(data.get("image/png"), str) else []
+            png = data.get("image/png")
+            images = [png] if isinstance(png, str) and self._fits(png) else []
             self.items.append(
                 OutputItem(
                     "result" if msg_type == "execute_result" else "display",

@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from executor.agent import AgentRun, run_agent
-from executor.kernel import KernelClient
 from executor.messages import opening_messages
 from executor.model import ModelClient
+from executor.pool import WarmPool, WarmSandbox, start_sandbox
 from executor.sandboxes.base import SandboxBackend, SandboxSpec
 from services.errors import SandboxError, SuiteError
 from services.evaluation import Evaluation
@@ -88,8 +88,10 @@ def run_task_session(
     backend: SandboxBackend,
     limits: SessionLimits,
     model: ModelClient,
+    pool: WarmPool | None = None,
 ) -> SessionResult:
-    """Run one task session in a sandbox of its own.
+    """Run one task session in a sandbox of its own: taken from ``pool`` when given (already started), else
+    started now.
 
     Returns:
         The trajectory, and the files the session left under ``./output`` keyed by path relative to it.
@@ -130,10 +132,11 @@ def run_task_session(
 
     session_started = datetime.now(UTC)
     try:
-        handle = backend.start(spec)
+        sandbox: WarmSandbox = pool.take(spec) if pool is not None else start_sandbox(backend, spec, prewarm=False)
     except SandboxError as exc:
         log.warning("task %d: sandbox did not start: %s", task.index, exc)
         return infra_failure(exc, None)
+    handle, kernel = sandbox.handle, sandbox.kernel
     session = SessionInfo(
         sandbox_backend=handle.backend,
         sandbox_id=handle.sandbox_id,
@@ -141,12 +144,11 @@ def run_task_session(
         image=handle.image,
         started_at=session_started,
         ready_s=time.monotonic() - started,
+        warm=sandbox.warm,
     )
-    kernel = KernelClient(handle.url, handle.token)
     try:
         try:
             copy_inputs(backend, handle, suite, task)
-            kernel.start()
         except SandboxError as exc:
             return infra_failure(exc, session)
         run = run_agent(

@@ -11,6 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+MAX_IMAGES_PER_CELL = 8
+"""Images kept per cell in the trajectory (charts a cell displayed); the rest are counted in ``images_dropped``."""
+
 
 class Message(BaseModel):
     role: Literal["system", "user", "assistant"]
@@ -24,11 +27,28 @@ class Execution(BaseModel):
     error_name: str | None = None
     error_value: str | None = None
     timed_out: bool = False
+    """The cell ran past its time limit."""
+    interrupted: bool = False
+    """The cell was stopped by an interrupt (after its time limit); the kernel kept its state."""
+    kernel_restarted: bool = False
+    """The kernel was restarted during the cell (it died, or would not stop after an interrupt): state is lost."""
+    truncated: bool = False
+    """The cell printed more than is kept; the rest was dropped."""
     duration_s: float = 0.0
+    """Wall time from sending the cell to the kernel going idle."""
+    cpu_s: float | None = None
+    """CPU seconds the sandbox spent during the cell (``telemetry_scope`` says whose); None if not measured."""
+    peak_memory_mb: float | None = None
+    """Peak memory of the sandbox during the cell, in MiB; None if not measured."""
+    telemetry_scope: str | None = None
+    """``cgroup`` (the whole sandbox) or ``process`` (the kernel process); None when no telemetry was read."""
+    images: list[str] = Field(default_factory=list)
+    """The cell's images (base64 PNG), at most ``MAX_IMAGES_PER_CELL``; more are dropped and counted."""
+    images_dropped: int = 0
 
     @property
     def ok(self) -> bool:
-        return self.error_name is None and not self.timed_out
+        return self.error_name is None and not self.timed_out and not self.kernel_restarted
 
 
 class Turn(BaseModel):
@@ -67,6 +87,9 @@ class SessionInfo(BaseModel):
     started_at: datetime
     ended_at: datetime | None = None
     ready_s: float = 0.0
+    """Seconds from the session's start until its sandbox's kernel answered (near zero when warm)."""
+    warm: bool = False
+    """The sandbox came from the executor's warm pool (started ahead, common libraries imported)."""
 
 
 class Trajectory(BaseModel):

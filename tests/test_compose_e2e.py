@@ -6,9 +6,9 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
 import pytest
 
-import docker
 from executor.messages import INTERPRETER_PREFIX, opening_messages
 from gateway.client import GatewayClient, GatewayError
 from services.suite import load_suite
@@ -52,6 +52,14 @@ def gateway(suite_path: Path) -> Iterator[GatewayClient]:
         (ROOT / "var").mkdir(exist_ok=True)
         (ROOT / "var" / "e2e-compose.log").write_text(logs.stdout + logs.stderr)
         compose(env, "down", "-v", "--remove-orphans")
+        # The executors' warm sandboxes go with them.
+        engine = docker.from_env()
+        left = [
+            container.name
+            for container in engine.containers.list(all=True, filters={"label": "pybench-eval.role=sandbox"})
+            if f"{STACK}-sandboxes" in container.attrs["NetworkSettings"]["Networks"]
+        ]
+        assert left == [], f"sandboxes left after the stack stopped: {left}"
 
 
 def test_tasks_submitted_over_rest_run_each_in_its_own_sandbox_and_are_graded(

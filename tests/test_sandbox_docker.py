@@ -1,12 +1,13 @@
 """The docker sandbox backend and the kernel client, against real containers of the sandbox image."""
 
+import base64
 import statistics
 import time
 from collections.abc import Iterator
 
+import docker
 import pytest
 
-import docker
 from executor.kernel import KernelClient
 from executor.sandboxes.base import SandboxSpec
 from executor.sandboxes.docker import DockerSandboxBackend
@@ -76,7 +77,9 @@ def test_scientific_stack_and_plots_work(kernel: KernelClient) -> None:
     )
     execution, output = kernel.execute(code, timeout_s=120)
     assert execution.ok, output.items
-    assert output.items[-1].text.strip() == "3"
+    assert [item.text for item in output.items if item.kind == "stream"] == ["3\n"]
+    # The inline backend shows the open figure at the end of the cell, as PyBench's notebook harness does.
+    assert output.items[-1].kind == "display" and len(output.images) == 1
 
 
 def test_files_go_in_and_come_out(backend: DockerSandboxBackend, sandbox: SandboxHandle, kernel: KernelClient) -> None:
@@ -126,3 +129,33 @@ def test_cell_round_trip_costs_milliseconds(kernel: KernelClient) -> None:
     median_ms = statistics.median(samples) * 1000
     print(f"median cell round trip through the sandbox: {median_ms:.1f} ms")
     assert median_ms < 35, f"median round trip {median_ms:.1f} ms: is TCP_NODELAY set on both sides?"
+
+
+def test_each_cell_reports_the_sandbox_cpu_time_and_peak_memory(kernel: KernelClient) -> None:
+    execution, _ = kernel.execute(
+        "import time\nx = bytearray(300 * 2**20)\nend = time.process_time() + 0.5\n"
+        "while time.process_time() < end:\n    pass\ndel x",
+        timeout_s=60,
+    )
+    assert execution.telemetry_scope == "cgroup"
+    assert execution.cpu_s is not None and 0.4 <= execution.cpu_s < 5
+    assert execution.peak_memory_mb is not None and execution.peak_memory_mb >= 300
+    quiet, _ = kernel.execute("1", timeout_s=10)
+    assert quiet.cpu_s is not None and quiet.cpu_s < 0.2
+    assert quiet.peak_memory_mb is not None and quiet.peak_memory_mb < execution.peak_memory_mb - 200
+    # The probe leaves nothing in the model's namespace, and a restart reinstalls it.
+    names, _ = kernel.execute("print(sorted(n for n in dir() if not n.startswith('_')))", timeout_s=10)
+    assert "probe" not in names.output and "snapshot" not in names.output
+    restarted, _ = kernel.execute("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", timeout_s=30)
+    assert restarted.kernel_restarted and restarted.cpu_s is None
+    after, _ = kernel.execute("2", timeout_s=30)
+    assert after.ok and after.peak_memory_mb is not None
+
+
+def test_a_displayed_chart_is_kept_as_png(kernel: KernelClient) -> None:
+    execution, output = kernel.execute(
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()", timeout_s=120
+    )
+    assert execution.ok, output.items
+    assert len(output.images) == 1
+    assert base64.b64decode(output.images[0]).startswith(b"\x89PNG")

@@ -5,12 +5,12 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import docker
 import pytest
 from redis import Redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-import docker
 from executor.jobs import execute_session
 from executor.messages import INTERPRETER_PREFIX, opening_messages
 from executor.replay.server import create_app

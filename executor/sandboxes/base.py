@@ -23,12 +23,19 @@ class SandboxSpec:
     cpus: float = 1.0
     pids: int = 512
     ready_timeout_s: float = 60.0
+    workspace_mb: int = 1024
+    """Size cap of the writable ``/workspace`` (inputs and outputs); the root filesystem is read-only."""
+    tmp_mb: int = 256
+    """Size cap of each of the writable ``/tmp`` and home folders."""
 
 
 class SandboxBackend(ABC):
     """A way of running sandboxes. Implementations import their SDK lazily."""
 
     name: str
+    telemetry_scope: str = "process"
+    """Whose CPU and memory the per-cell probe measures: ``cgroup`` (the whole sandbox) or ``process`` (the
+    kernel process), see ``executor.probe``."""
 
     @abstractmethod
     def start(self, spec: SandboxSpec) -> SandboxHandle:
@@ -62,5 +69,6 @@ class SandboxBackend(ABC):
         """Destroy the sandbox and everything in it. Best effort: never raises for a sandbox already gone."""
 
     @abstractmethod
-    def reap(self, evaluation_id: str | None = None) -> list[str]:
-        """Remove leftover sandboxes of this project (of one evaluation, or all); return their names."""
+    def reap(self, evaluation_id: str | None = None, older_than_s: float = 0.0) -> list[str]:
+        """Remove leftover sandboxes of this project (of one evaluation, or all) created more than
+        ``older_than_s`` seconds ago, with everything they own; return their names."""

@@ -1,27 +1,34 @@
 """The Docker backend: one container per session, from the sandbox image, on an internal network.
 
 Each container runs ``jupyter kernelgateway`` as an unprivileged user with every capability dropped,
-``no-new-privileges``, memory, CPU and process limits, and no network but an internal bridge that has no
-route out (the executor reaches the gateway by the container's address on that bridge). Its only
-environment variable is its own gateway token. Every container carries the labels
+``no-new-privileges``, memory (no swap), CPU and process limits, a read-only root filesystem, and no network
+but an internal bridge that has no route out (the executor reaches the gateway by the container's address on
+that bridge). What it may write is size-capped and in memory: ``/tmp`` and its home are tmpfs mounts, and
+``/workspace`` is a tmpfs-backed volume of its own (a volume, so files can be copied in and out of it while
+the root stays read-only). Its routing table holds one route, to the executor (``_confine``): no default
+route, and no way to another sandbox on the shared bridge. Its only environment variable is its own gateway
+token. Every container carries the labels
 ``pybench-eval.role=sandbox``, ``pybench-eval.evaluation``, ``.task`` and ``.attempt``, and a name that
 starts with ``pbe-sbx-``, so ``reap`` finds what a crashed worker left behind.
 """
 
+import contextlib
 import io
 import secrets
+import socket
 import tarfile
 import time
+from datetime import UTC, datetime
 from typing import Any
 
+import docker
 import docker.client
 import docker.errors
 import httpx
 import requests
 
-import docker
 from executor.sandboxes.base import SandboxBackend, SandboxSpec
-from services.errors import SandboxStartError, SandboxUnavailableError
+from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
 from services.sandbox import SANDBOX_LABEL_PREFIX, SANDBOX_NAME_PREFIX, SandboxHandle
 
 DEFAULT_GATEWAY_PORT = 8888
@@ -33,15 +40,25 @@ DEFAULT_MAX_TREE_BYTES = 512 * 1024 * 1024
 SANDBOX_UID = 1000
 """The unprivileged user the sandbox image runs as; files copied in belong to it."""
 
+WORKSPACE = "/workspace"
+"""The sandbox's working directory and the only place files are copied into."""
+
+SANDBOX_HOME = "/home/sandbox"
+"""The sandbox user's home: a size-capped tmpfs."""
+
 _ROLE_LABEL = f"{SANDBOX_LABEL_PREFIX}.role"
+_PROJECT_LABELS = {f"{SANDBOX_LABEL_PREFIX}.project": "pybench-eval"}
+_DOCKER_ERRORS = (docker.errors.DockerException, requests.RequestException)
 
 
 class DockerSandboxBackend(SandboxBackend):
     name = "docker"
+    telemetry_scope = "cgroup"
 
     def __init__(self, network: str, client: Any = None) -> None:
         self.network = network
         self._client = client
+        self._peer: str | None = None
 
     @property
     def client(self) -> Any:
@@ -56,7 +73,7 @@ class DockerSandboxBackend(SandboxBackend):
         """Create the internal sandbox network when it does not exist yet."""
         if not self.client.networks.list(names=[self.network]):
             self.client.networks.create(
-                self.network, driver="bridge", internal=True, labels={_ROLE_LABEL: "sandbox-network"}
+                self.network, driver="bridge", internal=True, labels={**_PROJECT_LABELS, _ROLE_LABEL: "sandbox-network"}
             )
 
     def start(self, spec: SandboxSpec) -> SandboxHandle:
@@ -65,13 +82,25 @@ class DockerSandboxBackend(SandboxBackend):
             f"{SANDBOX_NAME_PREFIX}{spec.evaluation_id[:12]}-{spec.task_index}-a{spec.attempt}-{secrets.token_hex(3)}"
         )
         labels = {
+            **_PROJECT_LABELS,
             _ROLE_LABEL: "sandbox",
             f"{SANDBOX_LABEL_PREFIX}.evaluation": spec.evaluation_id,
             f"{SANDBOX_LABEL_PREFIX}.task": str(spec.task_index),
             f"{SANDBOX_LABEL_PREFIX}.attempt": str(spec.attempt),
         }
+        tmpfs = f"rw,nosuid,nodev,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,size={spec.tmp_mb}m"
         try:
             self.ensure_network()
+            self.client.volumes.create(
+                name,
+                driver="local",
+                driver_opts={
+                    "type": "tmpfs",
+                    "device": "tmpfs",
+                    "o": f"size={spec.workspace_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,nosuid,nodev",
+                },
+                labels={**labels, _ROLE_LABEL: "sandbox-workspace"},
+            )
             # create + start, never run: run pulls a missing image, and sandboxes never reach a registry.
             container = self.client.containers.create(
                 spec.image,
@@ -86,17 +115,24 @@ class DockerSandboxBackend(SandboxBackend):
                 pids_limit=spec.pids,
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
-                tmpfs={"/tmp": "rw,nosuid,nodev,size=512m,mode=1777"},
+                read_only=True,
+                # Names resolve nowhere (a `pip install` fails at once): the resolver is the box's own loopback.
+                dns=["127.0.0.1"],
+                tmpfs={"/tmp": tmpfs, SANDBOX_HOME: tmpfs},
+                volumes={name: {"bind": WORKSPACE, "mode": "rw"}},
                 init=False,
             )
         except docker.errors.ImageNotFound as exc:
+            self._remove_volume(name)
             raise SandboxStartError(f"sandbox image {spec.image!r} is missing: build it with `make images`") from exc
-        except (docker.errors.DockerException, requests.RequestException) as exc:
+        except _DOCKER_ERRORS as exc:
+            self._remove_volume(name)
             raise SandboxStartError(f"cannot start a sandbox container: {exc}") from exc
         try:
             container.start()
             container.reload()
             address = container.attrs["NetworkSettings"]["Networks"][self.network]["IPAddress"]
+            self._confine(container, name, labels, spec.image)
             handle = SandboxHandle(
                 backend=self.name,
                 sandbox_id=container.id,
@@ -107,13 +143,77 @@ class DockerSandboxBackend(SandboxBackend):
                 labels=labels,
             )
             self._wait_ready(container, handle, spec.ready_timeout_s)
-        except (docker.errors.DockerException, requests.RequestException, KeyError) as exc:
-            self._remove(container.id)
+        except (*_DOCKER_ERRORS, KeyError) as exc:
+            self._remove(container.id, name)
             raise SandboxStartError(f"sandbox {name} did not start: {exc}") from exc
         except BaseException:
-            self._remove(container.id)
+            self._remove(container.id, name)
             raise
         return handle
+
+    def peer_address(self) -> str:
+        """The one address a sandbox exchanges packets with: this executor's own on the sandbox network (when
+        it runs in a container attached to it, as in compose), else the network's gateway (the host).
+
+        Raises:
+            SandboxStartError: neither is known (a network without IPAM gateway, an executor not attached).
+        """
+        if self._peer is None:
+            own = None
+            with contextlib.suppress(*_DOCKER_ERRORS):
+                own = self.client.containers.get(socket.gethostname())
+            networks = own.attrs["NetworkSettings"]["Networks"] if own is not None else {}
+            if self.network in networks and networks[self.network].get("IPAddress"):
+                self._peer = str(networks[self.network]["IPAddress"])
+            else:
+                configs = self.client.networks.get(self.network).attrs.get("IPAM", {}).get("Config") or [{}]
+                gateway = configs[0].get("Gateway")
+                if not gateway:
+                    raise SandboxStartError(
+                        f"network {self.network} has no gateway address and this executor is not attached to it: "
+                        "recreate the network with `docker network rm` (the executor creates it again)"
+                    )
+                self._peer = str(gateway)
+        return self._peer
+
+    def _confine(self, container: Any, name: str, labels: dict[str, str], image: str) -> None:
+        """Replace the sandbox's routes by one host route to the executor: no default route (no internet, no
+        metadata address), and no route to any other sandbox on the shared network.
+
+        The sandbox itself has no capability to change its routes; a short-lived helper from the same image
+        joins its network namespace with only NET_ADMIN, rewrites the table, and is removed.
+
+        Raises:
+            SandboxStartError: the routes could not be rewritten (the caller removes the sandbox).
+        """
+        peer = self.peer_address()
+        script = f"ip route flush table main && ip route add {peer}/32 dev eth0 && ip route show"
+        helper = self.client.containers.create(
+            image,
+            command=["sh", "-ec", script],
+            name=f"{name}-net",
+            labels={**labels, _ROLE_LABEL: "sandbox-confine"},
+            network_mode=f"container:{container.id}",
+            user="0:0",
+            cap_drop=["ALL"],
+            cap_add=["NET_ADMIN"],
+            security_opt=["no-new-privileges"],
+            read_only=True,
+            mem_limit="64m",
+            pids_limit=16,
+        )
+        try:
+            helper.start()
+            result = helper.wait(timeout=30)
+            if result.get("StatusCode") != 0:
+                logs = helper.logs(tail=5).decode(errors="replace").strip()
+                raise SandboxStartError(
+                    f"could not confine sandbox {name}'s network ({logs}); does the image have iproute2? "
+                    "rebuild it with `make images`"
+                )
+        finally:
+            with contextlib.suppress(*_DOCKER_ERRORS):
+                helper.remove(force=True)
 
     def _wait_ready(self, container: Any, handle: SandboxHandle, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -145,17 +245,32 @@ class DockerSandboxBackend(SandboxBackend):
             raise SandboxUnavailableError(f"cannot reach sandbox {handle.name}: {exc}") from exc
 
     def put_file(self, handle: SandboxHandle, dest: str, data: bytes) -> None:
-        folder, _, filename = dest.rpartition("/")
+        """Write ``dest`` (under ``/workspace``; missing folders are made, owned by the sandbox user).
+
+        Raises:
+            SandboxError: ``dest`` is not under ``/workspace`` or climbs out of it.
+            SandboxUnavailableError: the sandbox is gone or refused the file.
+        """
+        parts = [part for part in dest.split("/") if part]
+        if not dest.startswith(WORKSPACE + "/") or len(parts) < 2 or ".." in parts or "." in parts:
+            raise SandboxError(
+                f"cannot write {dest!r}: sandbox files go under {WORKSPACE}/, e.g. {WORKSPACE}/data/a.csv"
+            )
+        relative = parts[1:]
         buffer = io.BytesIO()
+        now = int(time.time())
         with tarfile.open(fileobj=buffer, mode="w") as tar:
-            info = tarfile.TarInfo(filename)
-            info.size = len(data)
-            info.mode = 0o644
+            for depth in range(1, len(relative)):
+                folder = tarfile.TarInfo("/".join(relative[:depth]))
+                folder.type, folder.mode, folder.mtime = tarfile.DIRTYPE, 0o755, now
+                folder.uid = folder.gid = SANDBOX_UID
+                tar.addfile(folder)
+            info = tarfile.TarInfo("/".join(relative))
+            info.size, info.mode, info.mtime = len(data), 0o644, now
             info.uid = info.gid = SANDBOX_UID
-            info.mtime = int(time.time())
             tar.addfile(info, io.BytesIO(data))
         try:
-            ok = self._container(handle).put_archive(folder or "/", buffer.getvalue())
+            ok = self._container(handle).put_archive(WORKSPACE, buffer.getvalue())
         except (docker.errors.DockerException, requests.RequestException) as exc:
             raise SandboxUnavailableError(f"cannot copy {dest} into sandbox {handle.name}: {exc}") from exc
         if not ok:
@@ -189,23 +304,44 @@ class DockerSandboxBackend(SandboxBackend):
                     files[relative] = extracted.read()
         return files
 
-    def _remove(self, container_id: str) -> None:
-        try:
+    def _remove_volume(self, name: str) -> None:
+        with contextlib.suppress(*_DOCKER_ERRORS):  # gone already, or the reaper removes it later
+            self.client.api.remove_volume(name, force=True)
+
+    def _remove(self, container_id: str, name: str) -> None:
+        with contextlib.suppress(*_DOCKER_ERRORS):  # gone already, or the reaper removes it later
             self.client.api.remove_container(container_id, force=True, v=True)
-        except docker.errors.NotFound:
-            pass
-        except (docker.errors.DockerException, requests.RequestException):
-            pass  # the reaper removes it later
+        self._remove_volume(name)
 
     def stop(self, handle: SandboxHandle) -> None:
-        self._remove(handle.sandbox_id)
+        self._remove(handle.sandbox_id, handle.name)
 
-    def reap(self, evaluation_id: str | None = None) -> list[str]:
+    def reap(self, evaluation_id: str | None = None, older_than_s: float = 0.0) -> list[str]:
         filters = [f"{_ROLE_LABEL}=sandbox"]
         if evaluation_id is not None:
             filters.append(f"{SANDBOX_LABEL_PREFIX}.evaluation={evaluation_id}")
+        cutoff = time.time() - older_than_s
         removed = []
         for container in self.client.containers.list(all=True, filters={"label": filters}):
-            self._remove(container.id)
-            removed.append(container.name)
+            if _created(container.attrs.get("Created", "")) <= cutoff:
+                self._remove(container.id, container.name)
+                removed.append(container.name)
+        confine_filters = [f"{_ROLE_LABEL}=sandbox-confine", *filters[1:]]
+        for helper in self.client.containers.list(all=True, filters={"label": confine_filters}):
+            if _created(helper.attrs.get("Created", "")) <= cutoff:
+                with contextlib.suppress(*_DOCKER_ERRORS):
+                    helper.remove(force=True)
+        workspace_filters = [f"{_ROLE_LABEL}=sandbox-workspace", *filters[1:]]
+        for volume in self.client.volumes.list(filters={"label": workspace_filters}):
+            if _created(volume.attrs.get("CreatedAt", "")) <= cutoff and volume.name not in removed:
+                self._remove_volume(volume.name)
+                removed.append(volume.name)
         return removed
+
+
+def _created(stamp: str) -> float:
+    """Seconds since the epoch of a Docker timestamp (``2026-11-23T03:34:00.123456789Z``); 0 if unreadable."""
+    try:
+        return datetime.fromisoformat(stamp[:19]).replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return 0.0

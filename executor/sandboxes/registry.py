@@ -13,7 +13,13 @@ def _docker(settings: ExecutorSettings) -> SandboxBackend:
     return DockerSandboxBackend(network=settings.SANDBOX_NETWORK)
 
 
-BACKENDS: dict[str, Callable[[ExecutorSettings], SandboxBackend]] = {"docker": _docker}
+def _local(settings: ExecutorSettings) -> SandboxBackend:
+    from executor.sandboxes.local import LocalSandboxBackend
+
+    return LocalSandboxBackend(root=settings.SANDBOX_LOCAL_ROOT)
+
+
+BACKENDS: dict[str, Callable[[ExecutorSettings], SandboxBackend]] = {"docker": _docker, "local": _local}
 """Backend factories by name; each imports its SDK only when called."""
 
 

@@ -1,0 +1,383 @@
+"""One set of cases every sandbox backend must pass, run against each backend (``local``; ``docker`` with -m docker).
+
+A backend that lacks something on purpose declares it in ``KNOWN_GAPS``; the cases that test it are skipped
+for that backend with the gap's text as the reason. Every case uses an evaluation id of its own and removes
+what it started, so the cases (and other sandboxes on the host) never touch each other.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from executor.kernel import KernelClient
+from executor.sandboxes.base import SandboxBackend, SandboxSpec
+from executor.sandboxes.local import LocalSandboxBackend
+from services.errors import SandboxError, SandboxUnavailableError
+from services.sandbox import SANDBOX_NAME_PREFIX, SandboxHandle
+
+SANDBOX_IMAGE = "pybench-eval/sandbox:latest"
+
+CANARY_NAME = "PBE_CANARY_SECRET"
+CANARY_VALUE = f"canary-{uuid.uuid4().hex}"
+"""Set in the executor's (this test process's) environment before the shared sandbox starts."""
+
+KNOWN_GAPS: dict[str, dict[str, str]] = {
+    "local": {
+        "isolation": "the local backend does not isolate: the kernel runs as the executor's user on the host "
+        "(its files, its processes and their environments through /proc)",
+        "network": "the local backend does not isolate: the kernel has the host's network",
+        "limits": "the local backend sets no memory, CPU or process limits",
+    },
+    "docker": {},
+}
+"""What each backend lacks on purpose, by the name the cases ask for."""
+
+
+def require(kind: "Kind", capability: str) -> None:
+    """Skip the case when the backend declares ``capability`` a known gap."""
+    gap = KNOWN_GAPS[kind.name].get(capability)
+    if gap is not None:
+        pytest.skip(gap)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One backend under test: how to make an instance (as another process would), and how to look behind it."""
+
+    name: str
+    image: str
+    make: Callable[[], SandboxBackend]
+    exists: Callable[[SandboxHandle], bool]
+    """Whether anything of the sandbox is left on the host (process, folder, container)."""
+
+
+def _local_exists(handle: SandboxHandle) -> bool:
+    pid, _, folder = handle.sandbox_id.partition(":")
+    try:
+        process = psutil.Process(int(pid))
+        running = process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        running = False
+    return running or Path(folder).exists()
+
+
+def _docker_exists(handle: SandboxHandle) -> bool:
+    import docker.client
+    import docker.errors
+
+    engine = docker.client.from_env()
+    try:
+        engine.containers.get(handle.sandbox_id)
+        return True
+    except docker.errors.NotFound:
+        return bool(engine.volumes.list(filters={"name": handle.name}))
+
+
+@pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+def kind(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Kind:
+    if request.param == "local":
+        root = tmp_path_factory.mktemp("local-sandboxes")
+        return Kind("local", "local", lambda: LocalSandboxBackend(root=root), _local_exists)
+    from executor.sandboxes.docker import DockerSandboxBackend
+
+    network: str = request.getfixturevalue("sandbox_network")
+    return Kind("docker", SANDBOX_IMAGE, lambda: DockerSandboxBackend(network=network), _docker_exists)
+
+
+@pytest.fixture(scope="module")
+def backend(kind: Kind) -> SandboxBackend:
+    return kind.make()
+
+
+@pytest.fixture()
+def evaluation_id(backend: SandboxBackend) -> Iterator[str]:
+    """An evaluation id of this case's own; whatever the case leaves under it is reaped afterwards."""
+    evaluation_id = f"conf-{uuid.uuid4().hex[:10]}"
+    yield evaluation_id
+    backend.reap(evaluation_id=evaluation_id)
+
+
+def spec(kind: Kind, evaluation_id: str, task_index: int = 1, **limits: int) -> SandboxSpec:
+    return SandboxSpec(evaluation_id=evaluation_id, task_index=task_index, attempt=2, image=kind.image, **limits)
+
+
+@pytest.fixture(scope="module")
+def shared(kind: Kind, backend: SandboxBackend) -> Iterator[SandboxHandle]:
+    """One sandbox for the cases that only look (started with the canary in the executor's environment)."""
+    evaluation_id = f"conf-shared-{uuid.uuid4().hex[:10]}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CANARY_NAME, CANARY_VALUE)
+        handle = backend.start(spec(kind, evaluation_id, task_index=7))
+    yield handle
+    backend.stop(handle)
+    backend.reap(evaluation_id=evaluation_id)
+
+
+@pytest.fixture(scope="module")
+def kernel(backend: SandboxBackend, shared: SandboxHandle) -> Iterator[KernelClient]:
+    client = KernelClient(shared.url, shared.token, probe_scope=backend.telemetry_scope)
+    client.start()
+    yield client
+    client.close()
+
+
+def run(kernel: KernelClient, code: str, timeout_s: float = 60) -> str:
+    """Run a cell that must succeed; return what it printed."""
+    execution, output = kernel.execute(code, timeout_s=timeout_s)
+    assert execution.ok, output.items
+    return "".join(item.text for item in output.items if item.kind == "stream")
+
+
+# --- start and the handle ---------------------------------------------------------------------------------
+
+
+def test_start_gives_a_labelled_handle_whose_gateway_answers_only_with_its_token(shared: SandboxHandle) -> None:
+    assert shared.name.startswith(SANDBOX_NAME_PREFIX)
+    labels = shared.labels
+    assert labels["pybench-eval.evaluation"].startswith("conf-shared-")
+    assert labels["pybench-eval.task"] == "7" and labels["pybench-eval.attempt"] == "2"
+    assert labels["pybench-eval.role"] == "sandbox" and labels["pybench-eval.project"] == "pybench-eval"
+    with httpx.Client(timeout=10) as http:
+        assert http.get(f"{shared.url}/api", headers={"Authorization": f"token {shared.token}"}).status_code == 200
+        assert http.get(f"{shared.url}/api/kernels").status_code in (401, 403)
+
+
+def test_a_cell_runs_and_prints(kernel: KernelClient) -> None:
+    assert run(kernel, "print(6 * 7)") == "42\n"
+
+
+def test_a_cell_past_its_timeout_is_interrupted_and_the_kernel_lives_on(kernel: KernelClient) -> None:
+    execution, _ = kernel.execute("import time\nmarker = 'kept'\ntime.sleep(60)", timeout_s=1)
+    assert execution.timed_out and not execution.kernel_restarted and execution.duration_s < 15
+    assert run(kernel, "print(marker)") == "kept\n"
+
+
+def test_the_kernel_works_in_the_workspace_and_reads_what_put_file_wrote(
+    backend: SandboxBackend, shared: SandboxHandle, kernel: KernelClient
+) -> None:
+    data = b"a,b\n1,2\n\x00\xff binary tail"
+    backend.put_file(shared, "/workspace/data/x.csv", data)
+    printed = run(
+        kernel, "import os\nprint(os.path.basename(os.getcwd()))\nprint(open('./data/x.csv', 'rb').read().hex())"
+    )
+    assert printed == f"workspace\n{data.hex()}\n"
+
+
+def test_put_file_makes_missing_folders_and_refuses_paths_outside_the_workspace(
+    backend: SandboxBackend, shared: SandboxHandle, kernel: KernelClient
+) -> None:
+    backend.put_file(shared, "/workspace/data/nested/deeper/n.txt", b"deep")
+    assert run(kernel, "print(open('./data/nested/deeper/n.txt').read())") == "deep\n"
+    for dest in ("/etc/pbe-conformance", "/workspace/../etc/pbe-conformance", "/workspace/data/../../x"):
+        with pytest.raises(SandboxError) as raised:
+            backend.put_file(shared, dest, b"x")
+        assert not isinstance(raised.value, SandboxUnavailableError), dest
+    assert not Path("/etc/pbe-conformance").exists()
+
+
+def test_each_cell_reports_its_cpu_time_and_peak_memory(kernel: KernelClient) -> None:
+    execution, _ = kernel.execute(
+        "import time\nbuffer = bytearray(200 * 2**20)\nend = time.process_time() + 0.3\n"
+        "while time.process_time() < end:\n    pass\ndel buffer",
+        timeout_s=60,
+    )
+    assert execution.ok and execution.telemetry_scope in ("cgroup", "process")
+    assert execution.cpu_s is not None and 0.25 <= execution.cpu_s < 5
+    assert execution.peak_memory_mb is not None and execution.peak_memory_mb >= 200
+
+
+def test_files_the_kernel_writes_to_output_come_back_and_links_are_skipped(
+    backend: SandboxBackend, shared: SandboxHandle, kernel: KernelClient
+) -> None:
+    run(
+        kernel,
+        "import os\n"
+        "os.makedirs('./output/sub/deeper', exist_ok=True)\n"
+        "open('./output/result.csv', 'w').write('x\\n1\\n')\n"
+        "open('./output/sub/deeper/b.bin', 'wb').write(bytes(range(256)))\n"
+        "os.symlink('/etc/hostname', './output/link-to-file')\n"
+        "os.symlink('/etc', './output/link-to-folder')\n"
+        "os.symlink('../data', './output/sub/link-to-data')",
+    )
+    assert backend.get_tree(shared, "/workspace/output") == {
+        "result.csv": b"x\n1\n",
+        "sub/deeper/b.bin": bytes(range(256)),
+    }
+
+
+def test_get_tree_of_a_missing_folder_is_empty(backend: SandboxBackend, shared: SandboxHandle) -> None:
+    assert backend.get_tree(shared, "/workspace/no-such-folder") == {}
+
+
+def test_the_executors_environment_does_not_reach_the_kernel(shared: SandboxHandle, kernel: KernelClient) -> None:
+    environment = json.loads(run(kernel, "import os, json\nprint(json.dumps(dict(os.environ)))"))
+    assert CANARY_NAME not in environment
+    assert not any(CANARY_VALUE in value for value in environment.values())
+    assert "KG_AUTH_TOKEN" not in environment
+    assert not any(shared.token in value for value in environment.values())
+
+
+# --- isolation (known gaps of the local backend) ------------------------------------------------------------
+
+
+@pytest.fixture()
+def host_process_with_canary() -> Iterator[int]:
+    """A process of the host with the canary in its environment (``/proc/<pid>/environ`` shows only what a
+    process started with, so the canary must be there at its start)."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], env={**os.environ, CANARY_NAME: CANARY_VALUE}
+    )
+    yield process.pid
+    process.kill()
+    process.wait()
+
+
+def test_the_kernel_cannot_see_the_hosts_processes(
+    kind: Kind, kernel: KernelClient, host_process_with_canary: int
+) -> None:
+    require(kind, "isolation")
+    printed = run(
+        kernel,
+        "import glob\nfound = []\n"
+        "for path in glob.glob('/proc/[0-9]*/environ'):\n"
+        "    try:\n"
+        f"        found += [path] if {CANARY_VALUE!r}.encode() in open(path, 'rb').read() else []\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(found)",
+    )
+    assert printed == "[]\n"
+
+
+def test_the_kernel_cannot_write_outside_its_workspace(kind: Kind, kernel: KernelClient) -> None:
+    require(kind, "isolation")
+    probe = f"pbe-probe-{uuid.uuid4().hex[:8]}"
+    printed = run(
+        kernel,
+        "import os\nwritten = []\n"
+        f"for path in ('/usr/{probe}', '/etc/{probe}', '/opt/{probe}'):\n"
+        "    try:\n"
+        "        open(path, 'w').close()\n"
+        "        written.append(path)\n"
+        "        os.remove(path)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "print(written)",
+    )
+    assert printed == "[]\n"
+
+
+def test_the_kernel_has_no_network(kind: Kind, kernel: KernelClient) -> None:
+    require(kind, "network")
+    printed = run(
+        kernel,
+        "import socket\nreached = []\n"
+        "try:\n"
+        "    socket.getaddrinfo('pypi.org', 443)\n"
+        "    reached.append('dns')\n"
+        "except OSError:\n"
+        "    pass\n"
+        "try:\n"
+        "    socket.create_connection(('1.1.1.1', 53), timeout=3).close()\n"
+        "    reached.append('tcp')\n"
+        "except OSError:\n"
+        "    pass\n"
+        "print(reached)",
+    )
+    assert printed == "[]\n"
+
+
+def test_the_process_limit_holds(kind: Kind, backend: SandboxBackend, evaluation_id: str) -> None:
+    require(kind, "limits")
+    handle = backend.start(spec(kind, evaluation_id, pids=96))
+    client = KernelClient(handle.url, handle.token)
+    try:
+        client.start()
+        printed = run(
+            client,
+            "import threading, time\nstarted = 0\n"
+            "try:\n"
+            "    for _ in range(200):\n"
+            "        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+            "        started += 1\n"
+            "except RuntimeError:\n"
+            "    pass\n"
+            "print(started)",
+        )
+        assert int(printed) < 96
+    finally:
+        client.close()
+        backend.stop(handle)
+
+
+# --- re-attaching, stopping, reaping ------------------------------------------------------------------------
+
+
+def test_a_reparsed_handle_lets_another_backend_instance_read_and_stop(
+    kind: Kind, backend: SandboxBackend, evaluation_id: str
+) -> None:
+    handle = backend.start(spec(kind, evaluation_id))
+    backend.put_file(handle, "/workspace/data/x.txt", b"hello")
+    reparsed = SandboxHandle.model_validate_json(handle.model_dump_json())
+    assert reparsed == handle and reparsed.token == handle.token
+    other = kind.make()
+    assert other.get_tree(reparsed, "/workspace/data") == {"x.txt": b"hello"}
+    other.stop(reparsed)
+    assert not kind.exists(handle)
+
+
+def test_stop_removes_everything_and_a_second_stop_is_harmless(
+    kind: Kind, backend: SandboxBackend, evaluation_id: str
+) -> None:
+    handle = backend.start(spec(kind, evaluation_id))
+    assert kind.exists(handle)
+    backend.stop(handle)
+    assert not kind.exists(handle)
+    with httpx.Client(timeout=3) as http, pytest.raises(httpx.HTTPError):
+        http.get(f"{handle.url}/api", headers={"Authorization": f"token {handle.token}"})
+    backend.stop(handle)
+
+
+def test_a_stopped_sandbox_is_unavailable(kind: Kind, backend: SandboxBackend, evaluation_id: str) -> None:
+    handle = backend.start(spec(kind, evaluation_id))
+    backend.stop(handle)
+    with pytest.raises(SandboxUnavailableError):
+        backend.put_file(handle, "/workspace/data/x.csv", b"x")
+    with pytest.raises(SandboxUnavailableError):
+        backend.get_tree(handle, "/workspace/output")
+
+
+def test_reap_removes_an_evaluations_forgotten_sandbox_and_spares_another_evaluations(
+    kind: Kind, backend: SandboxBackend, evaluation_id: str
+) -> None:
+    forgotten = backend.start(spec(kind, evaluation_id))
+    other_evaluation = f"conf-{uuid.uuid4().hex[:10]}"
+    other = backend.start(spec(kind, other_evaluation))
+    try:
+        removed = backend.reap(evaluation_id=evaluation_id)
+        assert forgotten.name in removed and other.name not in removed
+        assert not kind.exists(forgotten)
+        assert kind.exists(other)
+        assert backend.get_tree(other, "/workspace/output") == {}
+    finally:
+        backend.stop(other)
+        backend.reap(evaluation_id=other_evaluation)
+
+
+def test_reap_spares_a_sandbox_younger_than_asked(kind: Kind, backend: SandboxBackend, evaluation_id: str) -> None:
+    handle = backend.start(spec(kind, evaluation_id))
+    try:
+        assert backend.reap(evaluation_id=evaluation_id, older_than_s=3600) == []
+        assert kind.exists(handle)
+        backend.put_file(handle, "/workspace/data/still-here", b"1")
+    finally:
+        backend.stop(handle)
