@@ -17,7 +17,7 @@ export PBE_SUITE_DIR DOCKER_GID PBE_GATEWAY_PORT BASE_IMAGE
 
 COMPOSE := docker compose -p pybench-eval
 
-.PHONY: help install compose-plugin base-image wheels images up down demo test lint bench bench-sandbox reap
+.PHONY: help install compose-plugin base-image wheels images up down demo test lint bench bench-sandbox bench-grading reap
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -59,15 +59,19 @@ demo: up ## Run ten PyBench tasks against the replay model and print the verdict
 test: images compose-plugin ## Run the tests (unit, real Redis, real sandbox containers, the compose stack)
 	$(PYTHON) -m pytest
 
-bench: bench-sandbox ## Run every benchmark (each prints a table, then one JSON line)
+bench: bench-sandbox bench-grading ## Run every benchmark (each prints a table, then one JSON line)
 
 bench-sandbox: images ## Sandbox figures: cold start vs bare docker run, warm hand-out, cell round trip vs nbclient
 	$(PYTHON) scripts/bench_sandbox.py
+
+bench-grading: images ## Grading figures: every suite task graded (both gradings, checks in grading sandboxes)
+	$(PYTHON) scripts/bench_grading.py --suite $(PBE_SUITE_DIR)
 
 lint: ## ruff and mypy
 	$(PYTHON) -m ruff check services gateway executor grader tests scripts
 	$(PYTHON) -m mypy
 
 REAP_AGE ?= 0
-reap: ## Remove leftover sandboxes (containers, workspace volumes) older than REAP_AGE seconds (default: all)
+reap: ## Remove leftover sandboxes and grading sandboxes (containers, volumes) older than REAP_AGE s (default: all)
 	@$(PYTHON) -m executor.reap --older-than $(REAP_AGE)
+	@$(PYTHON) -m grader.reap --older-than $(REAP_AGE)

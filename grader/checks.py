@@ -1,8 +1,9 @@
-"""The check vocabulary: each kind a small function of (check parameters, what the session left).
+"""The checks that run in the grader's own process: on the answer text and the names of the produced files.
 
-Task checks are data (``checks.json`` of the suite): ``{"kind": "file_exists", "paths": [...]}``. A kind that
-is not implemented yet gives an undecided result (``passed=None``); malformed parameters give a failed check
-with the reason. No check raises.
+Task checks are data (``checks.json`` of the suite): ``{"kind": "file_exists", "paths": [...]}``. The kinds
+here never open a produced file; every other kind does, and runs in a grading sandbox
+(``grader.file_checks`` inside a container, driven by ``grader.check_sandbox``). Malformed parameters give a
+failed check with the reason. No check raises.
 """
 
 from collections.abc import Callable
@@ -57,24 +58,38 @@ def file_exists(check: dict[str, Any], context: CheckContext) -> CheckResult:
     return CheckResult(kind="file_exists", passed=not missing, detail=detail)
 
 
+def file_exists_any(check: dict[str, Any], context: CheckContext) -> CheckResult:
+    """At least one path of ``paths`` is among the files the session produced."""
+    found = [p for p in _strings(check, "paths") if normalise_output_path(p) in context.output_files]
+    detail = f"produced {found[0]}" if found else f"none produced of {check['paths']}"
+    return CheckResult(kind="file_exists_any", passed=bool(found), detail=detail)
+
+
 CHECKS: dict[str, Callable[[dict[str, Any], CheckContext], CheckResult]] = {
     "answer_contains_all": answer_contains_all,
     "answer_contains_any": answer_contains_any,
     "file_exists": file_exists,
+    "file_exists_any": file_exists_any,
 }
-"""The implemented check kinds by name."""
+"""The in-process check kinds by name."""
+
+
+def runs_in_process(check: dict[str, Any]) -> bool:
+    """Whether ``check`` runs here (else it opens produced files and runs in a grading sandbox)."""
+    return str(check.get("kind", "")) in CHECKS
 
 
 def run_check(check: dict[str, Any], context: CheckContext) -> CheckResult:
-    """Run one check; never raises.
+    """Run one in-process check; never raises.
 
     Returns:
-        The result: ``passed`` None for a kind not implemented yet, False with the reason for bad parameters.
+        The result: ``passed`` None for a kind that does not run in process, False with the reason for bad
+        parameters.
     """
     kind = str(check.get("kind", ""))
     function = CHECKS.get(kind)
     if function is None:
-        return CheckResult(kind=kind, passed=None, detail=f"check kind {kind!r} is not implemented yet")
+        return CheckResult(kind=kind, passed=None, detail=f"check kind {kind!r} does not run in the grader's process")
     try:
         return function(check, context)
     except CheckParameterError as exc:

@@ -8,32 +8,106 @@ from typing import Any
 
 from redis import Redis
 
-from grader.grading import grade
+from grader import session_files
+from grader.check_sandbox import run_file_checks
+from grader.grading import FileCheckRunner, grade
+from grader.judging import judge_session
 from grader.settings import GraderSettings
+from grader.variants import Grading, checks_for
+from services.evaluation import TaskState
 from services.metrics import build_results
-from services.queues import GradeJob
+from services.queues import (
+    DEFAULT_SESSION_JOB_TIMEOUT_S,
+    MAX_SESSION_ATTEMPTS,
+    RUN_SESSION_JOB,
+    SESSIONS_QUEUE,
+    GradeJob,
+    SessionJob,
+    enqueue,
+    session_job_id,
+)
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
+from services.verdict import Verdict, VerdictStatus
 
 
-def grade_and_record(job: GradeJob, *, redis: Redis, suite: Suite, store: ArtifactStore) -> dict[str, Any]:
+def sandbox_runner(
+    job: GradeJob, suite: Suite, store: ArtifactStore, *, image: str, timeout_s: float
+) -> FileCheckRunner:
+    """The runner of ``job``'s file-opening checks: a fresh grading sandbox with the session's files.
+
+    The files are read only when a check needs them.
+    """
+
+    def run(checks: list[dict[str, Any]]) -> list[Any]:
+        task = suite.task(job.task_index)
+        named = [c for grading in Grading for c in checks_for(task.index, task.checks, grading)]
+        output_dir = store.output_dir(job.evaluation_id, job.task_index, job.attempt)
+        files = session_files.gather(output_dir, suite, named)
+        return run_file_checks(checks, files, image=image, timeout_s=timeout_s)
+
+    return run
+
+
+def grade_and_record(
+    job: GradeJob,
+    *,
+    redis: Redis,
+    suite: Suite,
+    store: ArtifactStore,
+    run_files: FileCheckRunner | None = None,
+    judge_options: dict[str, float] | None = None,
+) -> dict[str, Any]:
     """Grade the session of ``job``; write the verdict to the store and Redis, and the results when complete.
+
+    A session the environment broke is not recorded but run again as its next attempt, up to
+    ``MAX_SESSION_ATTEMPTS``; the last attempt's ``infra_error`` is recorded (and never counted as failed).
+    ``run_files`` runs the checks that open produced files (see ``sandbox_runner``). When the evaluation has
+    a judge, the session is judged too (``judge_options``: ``grader.judge.Judge``'s options, e.g. timeouts).
 
     Raises:
         ArtifactNotFoundError: the session's trajectory is not in the store.
         TaskNotFoundError: the suite has no such task.
+        EvaluationNotFoundError: Redis holds no such evaluation.
+        SandboxStartError: a check needs the grading sandbox and the Docker engine or the image is missing
+            (RQ records the job as failed; re-run it once ``make images`` has built the image).
     """
+    state = StateStore(redis)
     task = suite.task(job.task_index)
     trajectory = store.get_trajectory(job.evaluation_id, job.task_index, job.attempt)
-    verdict = grade(task, trajectory, store.list_output_files(job.evaluation_id, job.task_index, job.attempt))
+    output_files = store.list_output_files(job.evaluation_id, job.task_index, job.attempt)
+    verdict = grade(task, trajectory, output_files, run_files)
+    if verdict.status is VerdictStatus.INFRA_ERROR and job.attempt < MAX_SESSION_ATTEMPTS:
+        return _retry(job, verdict, redis=redis, state=state, store=store)
+    judge = state.get(job.evaluation_id).judge
+    if judge is not None and verdict.status is not VerdictStatus.INFRA_ERROR:
+        options = judge_options or {}
+        verdict.judgment = judge_session(
+            judge, state.judge_key(job.evaluation_id), task, trajectory, suite.root, **options
+        )
     store.put_verdict(verdict)
-    state = StateStore(redis)
     state.put_verdict(verdict)
     progress = state.progress(job.evaluation_id)
     if progress.finished == progress.total:
         store.put_results(build_results(job.evaluation_id, state.verdicts(job.evaluation_id), complete=True))
     return {"task": task.index, "status": verdict.status.value}
+
+
+def _retry(job: GradeJob, verdict: Verdict, *, redis: Redis, state: StateStore, store: ArtifactStore) -> dict[str, Any]:
+    """Run a session the environment broke again, as its next attempt; keep this attempt's verdict on disk only."""
+    store.put_verdict(verdict)
+    state.set_task_state(job.evaluation_id, job.task_index, TaskState.QUEUED)
+    session = SessionJob(evaluation_id=job.evaluation_id, task_index=job.task_index, attempt=job.attempt + 1)
+    enqueue(
+        redis,
+        SESSIONS_QUEUE,
+        RUN_SESSION_JOB,
+        session,
+        job_id=session_job_id(session),
+        timeout_s=DEFAULT_SESSION_JOB_TIMEOUT_S,
+    )
+    return {"task": job.task_index, "status": verdict.status.value, "retried_as_attempt": session.attempt}
 
 
 def grade_session(payload: dict[str, Any]) -> dict[str, Any]:
@@ -43,6 +117,8 @@ def grade_session(payload: dict[str, Any]) -> dict[str, Any]:
     redis = Redis.from_url(settings.REDIS_URL)
     try:
         suite = load_suite(settings.require_suite())
-        return grade_and_record(job, redis=redis, suite=suite, store=ArtifactStore(settings.ARTIFACT_ROOT))
+        store = ArtifactStore(settings.ARTIFACT_ROOT)
+        runner = sandbox_runner(job, suite, store, image=settings.SANDBOX_IMAGE, timeout_s=settings.GRADING_TIMEOUT_S)
+        return grade_and_record(job, redis=redis, suite=suite, store=store, run_files=runner)
     finally:
         redis.close()

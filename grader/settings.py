@@ -2,6 +2,13 @@
 
 from services.settings import ServiceSettings
 
+DEFAULT_SANDBOX_IMAGE = "pybench-eval/sandbox:latest"
+"""The image whose containers run the checks that open produced files (the sessions' own sandbox image)."""
+
 
 class GraderSettings(ServiceSettings):
-    """The grader needs what every service needs: Redis, the suite, the artifact store."""
+    """What every service needs (Redis, the suite, the artifact store), and the grading sandbox."""
+
+    SANDBOX_IMAGE: str = DEFAULT_SANDBOX_IMAGE
+    GRADING_TIMEOUT_S: float = 120.0
+    """How long the checks of one session may run in their sandbox before it is killed (they then fail)."""

@@ -6,6 +6,7 @@ stored and returned (it never carries the key).
 
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
@@ -42,6 +43,19 @@ class ModelEndpoint(BaseModel):
         return value.rstrip("/")
 
 
+class JudgeConfig(BaseModel):
+    """The LLM judge of an evaluation: an OpenAI-compatible endpoint, and how it judges."""
+
+    model_config = {"extra": "forbid"}
+
+    endpoint: ModelEndpoint
+    mode: Literal["absolute", "pairwise"] = Field(
+        default="absolute",
+        description="absolute: does the trajectory fulfil the query? pairwise: PyBench's comparison with the "
+        "suite's recorded trajectory of the task.",
+    )
+
+
 class EvaluationCreate(BaseModel):
     """The body of ``POST /v1/evaluations``."""
 
@@ -55,6 +69,10 @@ class EvaluationCreate(BaseModel):
     cell_timeout_s: float = Field(default=DEFAULT_CELL_TIMEOUT_S, gt=0, le=3600)
     prompt: str = Field(default=DEFAULT_PROMPT, pattern=r"^[a-z0-9_]{1,64}$")
     sampling: Sampling = Field(default_factory=Sampling)
+    judge: JudgeConfig | None = Field(default=None, description="An LLM judge besides the unit tests (optional).")
+    judge_api_key: SecretStr | None = Field(
+        default=None, description="The judge's bearer token; never stored in clear."
+    )
 
     @field_validator("tasks")
     @classmethod
@@ -102,6 +120,8 @@ class Evaluation(BaseModel):
     cell_timeout_s: float
     prompt: str
     sampling: Sampling
+    judge: JudgeConfig | None = None
+    has_judge_api_key: bool = False
 
 
 class Progress(BaseModel):

@@ -1,38 +1,135 @@
-"""PyBench's figures over a list of verdicts: pass rate overall and per paper category, average turns.
+"""PyBench's figures over a list of verdicts: pass rates overall and per paper category, average turns.
 
-The pass rate divides by every task of the evaluation, as the benchmark divides by all 143: unavailable,
-ungradable and infra-failed tasks count as not passed (their counts are reported beside it).
+Each pass rate comes twice: over every task of the evaluation, as the benchmark divides by all 143
+(unavailable, ungradable and infra-failed tasks count as not passed, their counts beside it), and over the
+tasks the grading could decide. Both gradings are reported: ``original`` at the top level, ``fixed`` beside.
 """
 
+from collections.abc import Sequence
 from statistics import fmean
 
 from services.task import PAPER_CATEGORIES
-from services.verdict import CategoryMetrics, Metrics, Results, Verdict, VerdictStatus
+from services.verdict import (
+    AgreementMatrix,
+    CategoryMetrics,
+    GradingMetrics,
+    JudgeMetrics,
+    Metrics,
+    Results,
+    Verdict,
+    VerdictStatus,
+)
 
 _SCORED = (VerdictStatus.PASSED, VerdictStatus.FAILED)
+
+PAPER_FAILED_TURNS = 10
+"""What a failed task counts in the paper's average turns (the turn limit)."""
 
 
 def _rate(passed: int, tasks: int) -> float:
     return passed / tasks if tasks else 0.0
 
 
-def compute_metrics(verdicts: list[Verdict]) -> Metrics:
-    """Return the metrics of ``verdicts`` (one per task); an empty list gives zeros."""
-    passed = sum(1 for v in verdicts if v.status is VerdictStatus.PASSED)
+def _grading_metrics(categories: Sequence[str], statuses: Sequence[VerdictStatus]) -> GradingMetrics:
+    """The pass rates of one grading, given each task's category and status (in the same order)."""
+    passed = sum(1 for s in statuses if s is VerdictStatus.PASSED)
+    gradable = sum(1 for s in statuses if s in _SCORED)
     per_category: dict[str, CategoryMetrics] = {}
+    for category in PAPER_CATEGORIES:
+        members = [s for c, s in zip(categories, statuses, strict=True) if c == category]
+        if members:
+            won = sum(1 for s in members if s is VerdictStatus.PASSED)
+            decided = sum(1 for s in members if s in _SCORED)
+            per_category[category] = CategoryMetrics(
+                tasks=len(members),
+                passed=won,
+                pass_rate=_rate(won, len(members)),
+                gradable=decided,
+                pass_rate_gradable=_rate(won, decided),
+            )
+    return GradingMetrics(
+        tasks=len(statuses),
+        passed=passed,
+        pass_rate=_rate(passed, len(statuses)),
+        gradable=gradable,
+        pass_rate_gradable=_rate(passed, gradable),
+        per_category=per_category,
+        by_status={status: sum(1 for s in statuses if s is status) for status in VerdictStatus},
+    )
+
+
+def _agreement(verdicts: Sequence[Verdict]) -> AgreementMatrix:
+    matrix = AgreementMatrix()
+    for v in verdicts:
+        tests = v.fixed.status if v.fixed else v.status
+        if v.judgment is None or tests not in _SCORED:
+            continue
+        by_tests, by_judge = tests is VerdictStatus.PASSED, v.judgment.passed
+        if by_tests and by_judge:
+            matrix.both_passed += 1
+        elif by_tests:
+            matrix.tests_only += 1
+        elif by_judge:
+            matrix.judge_only += 1
+        else:
+            matrix.both_failed += 1
+        if by_tests != by_judge:
+            matrix.disagreeing.append(v.task_index)
+    return matrix
+
+
+def _judge_metrics(verdicts: Sequence[Verdict]) -> JudgeMetrics | None:
+    judged = [v for v in verdicts if v.judgment is not None]
+    if not judged:
+        return None
+    per_category: dict[str, CategoryMetrics] = {}
+    agreement = {"all": _agreement(verdicts)}
     for category in PAPER_CATEGORIES:
         members = [v for v in verdicts if v.paper_category == category]
         if members:
-            won = sum(1 for v in members if v.status is VerdictStatus.PASSED)
-            per_category[category] = CategoryMetrics(tasks=len(members), passed=won, pass_rate=_rate(won, len(members)))
-    scored_turns = [v.turns for v in verdicts if v.status in _SCORED]
-    return Metrics(
-        tasks=len(verdicts),
+            won = sum(1 for v in members if v.judgment is not None and v.judgment.passed)
+            decided = sum(1 for v in members if v.judgment is not None and v.judgment.status in ("passed", "failed"))
+            per_category[category] = CategoryMetrics(
+                tasks=len(members),
+                passed=won,
+                pass_rate=_rate(won, len(members)),
+                gradable=decided,
+                pass_rate_gradable=_rate(won, decided),
+            )
+            agreement[category] = _agreement(members)
+    passed = sum(1 for v in judged if v.judgment is not None and v.judgment.passed)
+    return JudgeMetrics(
+        judged=len(judged),
         passed=passed,
         pass_rate=_rate(passed, len(verdicts)),
+        unparseable=sum(1 for v in judged if v.judgment is not None and v.judgment.status == "unparseable"),
+        errors=sum(1 for v in judged if v.judgment is not None and v.judgment.status == "error"),
         per_category=per_category,
-        avg_turns=fmean(scored_turns) if scored_turns else 0.0,
-        by_status={status: sum(1 for v in verdicts if v.status is status) for status in VerdictStatus},
+        agreement=agreement,
+    )
+
+
+def _passed_for_turns(verdict: Verdict) -> bool:
+    """Whether a task counts as passed in the paper's average turns: by the judge when there is one."""
+    if verdict.judgment is not None:
+        return verdict.judgment.passed
+    return verdict.status is VerdictStatus.PASSED
+
+
+def compute_metrics(verdicts: list[Verdict]) -> Metrics:
+    """Return the metrics of ``verdicts`` (one per task); an empty list gives zeros."""
+    categories = [v.paper_category for v in verdicts]
+    original = _grading_metrics(categories, [v.status for v in verdicts])
+    fixed = _grading_metrics(categories, [v.fixed.status if v.fixed else v.status for v in verdicts])
+    scored = [v for v in verdicts if v.status in _SCORED]
+    paper_turns = [v.turns if _passed_for_turns(v) else PAPER_FAILED_TURNS for v in scored]
+    return Metrics(
+        **original.model_dump(exclude={"per_category"}),
+        per_category=original.per_category,
+        avg_turns=fmean(v.turns for v in scored) if scored else 0.0,
+        avg_turns_paper=fmean(paper_turns) if paper_turns else 0.0,
+        fixed=fixed,
+        llm=_judge_metrics(verdicts),
     )
 
 

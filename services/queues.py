@@ -30,6 +30,10 @@ DEFAULT_SESSION_JOB_TIMEOUT_S = 3600
 DEFAULT_GRADE_JOB_TIMEOUT_S = 600
 """RQ's hard limit for grading one session."""
 
+MAX_SESSION_ATTEMPTS = 3
+"""A session the environment broke (sandbox died, model endpoint unreachable) is run again, up to this many
+attempts in all; only the last attempt's ``infra_error`` is recorded as the task's verdict."""
+
 DEFAULT_RESULT_TTL_S = 7 * 24 * 3600
 """How long RQ keeps finished job records (results themselves live in the artifact store)."""
 

@@ -7,6 +7,7 @@ Keys (all prefixed ``pbe:``)::
     pbe:evaluation:<id>:tasks             hash task index -> TaskState
     pbe:evaluation:<id>:verdicts          hash task index -> Verdict JSON (the latest attempt's)
     pbe:secret:model-key:<id>             the model API key, kept apart from everything that is logged
+    pbe:secret:judge-key:<id>             the judge's API key, likewise
                                           or enqueued; job payloads carry only the evaluation id
 """
 
@@ -40,9 +41,15 @@ class StateStore:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
 
-    def create(self, evaluation: Evaluation, api_key: str | None, unavailable: list[Verdict] | None = None) -> None:
+    def create(
+        self,
+        evaluation: Evaluation,
+        api_key: str | None,
+        unavailable: list[Verdict] | None = None,
+        judge_api_key: str | None = None,
+    ) -> None:
         """Record a new evaluation in one transaction: every task queued, and the unavailable tasks with
-        their ``unavailable`` verdicts (they are never run)."""
+        their ``unavailable`` verdicts (they are never run). The keys go to the secret store only."""
         states: dict[Any, Any] = {str(t): TaskState.QUEUED.value for t in evaluation.tasks}
         states.update({str(t): TaskState.UNAVAILABLE.value for t in evaluation.unavailable_tasks})
         pipe = self.redis.pipeline(transaction=True)
@@ -53,6 +60,8 @@ class StateStore:
         pipe.zadd("pbe:evaluations", {evaluation.id: evaluation.created_at.timestamp()})
         if api_key:
             pipe.set(f"pbe:secret:model-key:{evaluation.id}", api_key, ex=DEFAULT_SECRET_TTL_S)
+        if judge_api_key:
+            pipe.set(f"pbe:secret:judge-key:{evaluation.id}", judge_api_key, ex=DEFAULT_SECRET_TTL_S)
         pipe.execute()
 
     def get(self, evaluation_id: str) -> Evaluation:
@@ -69,6 +78,11 @@ class StateStore:
     def model_key(self, evaluation_id: str) -> str | None:
         """Return the evaluation's model API key, or None when it has none."""
         raw = self.redis.get(f"pbe:secret:model-key:{evaluation_id}")
+        return raw.decode() if isinstance(raw, bytes) else raw
+
+    def judge_key(self, evaluation_id: str) -> str | None:
+        """Return the evaluation's judge API key, or None when it has none."""
+        raw = self.redis.get(f"pbe:secret:judge-key:{evaluation_id}")
         return raw.decode() if isinstance(raw, bytes) else raw
 
     def set_task_state(self, evaluation_id: str, task_index: int, state: TaskState) -> None:

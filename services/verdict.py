@@ -24,7 +24,44 @@ class CheckResult(BaseModel):
     detail: str = ""
 
 
+class GradingOutcome(BaseModel):
+    """The outcome of one grading of a session (see ``grader.variants``)."""
+
+    status: VerdictStatus
+    checks: list[CheckResult] = Field(default_factory=list)
+    reason: str = ""
+
+
+class JudgeOutcome(BaseModel):
+    """The LLM judge's grade of a session (``grader.judge``). ``unparseable`` and ``error`` count as not passed,
+    and stay in every denominator."""
+
+    mode: str
+    """``absolute`` or ``pairwise`` (against the suite's recorded trajectory of the task)."""
+    status: str
+    """``passed``, ``failed``, ``unparseable`` (the judge's answer did not fit the schema) or ``error``."""
+    reason: str = ""
+    judge_model: str
+    prompt_hash: str
+    """sha256 of the judge's prompt templates: judgments compare only under one hash."""
+    preference: str | None = None
+    """Pairwise: ``candidate``, ``reference`` or ``tie``."""
+    latency_s: float = 0.0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+
 class Verdict(BaseModel):
+    """The grade of one task session.
+
+    ``status``, ``checks`` and ``reason`` are the ``original`` grading: PyBench's own tests, bugs included, so
+    pass rates compare with the paper's. ``fixed`` is the grading that follows each task's intent.
+    """
+
     evaluation_id: str
     task_index: int
     attempt: int
@@ -32,6 +69,9 @@ class Verdict(BaseModel):
     status: VerdictStatus
     checks: list[CheckResult] = Field(default_factory=list)
     reason: str = ""
+    fixed: GradingOutcome | None = None
+    judgment: JudgeOutcome | None = None
+    """The LLM judge's grade, when the evaluation asked for a judge."""
     turns: int = 0
     sandbox_id: str | None = None
     graded_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
@@ -41,19 +81,77 @@ class CategoryMetrics(BaseModel):
     tasks: int
     passed: int
     pass_rate: float
+    """Passed over every task of the category."""
+    gradable: int = 0
+    """Tasks the grading could decide (passed or failed)."""
+    pass_rate_gradable: float = 0.0
+    """Passed over the gradable tasks of the category."""
+
+
+class GradingMetrics(BaseModel):
+    """Pass rates of one grading (``original`` or ``fixed``)."""
+
+    tasks: int
+    passed: int
+    pass_rate: float
+    """Passed over every task of the evaluation, as the paper divides by all 143."""
+    gradable: int
+    pass_rate_gradable: float
+    """Passed over the tasks this grading could decide (not unavailable, ungradable or broken by infra)."""
+    per_category: dict[str, CategoryMetrics]
+    by_status: dict[VerdictStatus, int]
+
+
+class AgreementMatrix(BaseModel):
+    """The LLM judge against the unit tests (the ``fixed`` grading) on the tasks both decided."""
+
+    both_passed: int = 0
+    tests_only: int = 0
+    """The tests passed the task, the judge did not."""
+    judge_only: int = 0
+    """The judge passed the task, the tests did not."""
+    both_failed: int = 0
+    disagreeing: list[int] = Field(default_factory=list)
+    """The tasks where the two differ."""
+
+
+class JudgeMetrics(BaseModel):
+    """Pass Rate LLM: the judge's passes over every task of the evaluation."""
+
+    judged: int
+    passed: int
+    pass_rate: float
+    """Judged passed over every task (unjudged, unparseable and failed judgments count as not passed)."""
+    unparseable: int
+    errors: int
+    per_category: dict[str, CategoryMetrics]
+    agreement: dict[str, AgreementMatrix]
+    """Per paper category, and ``all``."""
 
 
 class Metrics(BaseModel):
-    """PyBench's figures for one evaluation."""
+    """PyBench's figures for one evaluation.
+
+    The top-level pass rates are the ``original`` grading's (PyBench's own tests, comparable with the paper);
+    ``fixed`` holds the same figures under the grading that follows each task's intent.
+    """
 
     tasks: int
     passed: int
     pass_rate: float
     """Passed over all tasks of the evaluation (unavailable and infra-failed tasks count as not passed)."""
+    gradable: int = 0
+    pass_rate_gradable: float = 0.0
     per_category: dict[str, CategoryMetrics]
     avg_turns: float
-    """Mean number of assistant turns over the tasks that ran."""
+    """Mean number of assistant turns over the tasks that ran (passed or failed)."""
+    avg_turns_paper: float = 0.0
+    """The paper's average turns: a failed task counts as 10 turns, a passed one its own count (passed by the
+    judge when there is one, else by the tests)."""
     by_status: dict[VerdictStatus, int]
+    fixed: GradingMetrics | None = None
+    llm: JudgeMetrics | None = None
+    """Present when the evaluation had an LLM judge."""
 
 
 class Results(BaseModel):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from grader.checks import CheckContext, run_check
+from grader.checks import CheckContext, run_check, runs_in_process
 
 CONTEXT = CheckContext(answer="Finished: Africa has 48 and Asia 32", output_files=frozenset({"./output/1.png"}))
 
@@ -29,9 +29,16 @@ def test_a_failed_check_says_what_is_missing() -> None:
     assert "./output/2.png" in result.detail
 
 
-def test_an_unknown_kind_is_undecided() -> None:
+def test_a_kind_that_opens_files_is_undecided_in_process() -> None:
+    assert not runs_in_process({"kind": "image_size", "path": "./output/1.png"})
     result = run_check({"kind": "image_size", "path": "./output/1.png"}, CONTEXT)
-    assert result.passed is None and "not implemented" in result.detail
+    assert result.passed is None and "does not run in the grader's process" in result.detail
+
+
+def test_file_exists_any_needs_one_of_its_paths() -> None:
+    check = {"kind": "file_exists_any", "paths": ["./output/59.txt", "./output/1.png"]}
+    assert runs_in_process(check) and run_check(check, CONTEXT).passed is True
+    assert run_check({**check, "paths": ["./output/59.txt"]}, CONTEXT).passed is False
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,9 @@ pytestmark = [pytest.mark.compose, pytest.mark.docker, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK = "pbe-e2e"
-TASKS = [13, 30, 44, 77, 90, 134]
-"""Five tasks whose recorded trajectories succeed, across four categories, and task 13 whose input is missing."""
+TASKS = [13, 30, 44, 77, 79, 134]
+"""Five tasks whose recorded trajectories succeed, across four categories, and task 13 whose input is missing.
+Task 79's check (image_size) opens the produced image: it runs in a grading sandbox started by the grader."""
 
 RUN = [t for t in TASKS if t != 13]
 
@@ -79,6 +80,9 @@ def test_tasks_submitted_over_rest_run_each_in_its_own_sandbox_and_are_graded(
     assert verdicts[13]["status"] == "unavailable"
     for index in RUN:
         assert verdicts[index]["status"] == "passed", verdicts[index]
+        assert verdicts[index]["fixed"]["status"] == "passed", verdicts[index]
+    assert [c["kind"] for c in verdicts[79]["checks"]] == ["image_size"] and verdicts[79]["checks"][0]["passed"]
+    assert results["metrics"]["fixed"]["passed"] == 5
     assert results["complete"] and results["metrics"]["tasks"] == len(TASKS)
     assert results["metrics"]["passed"] == 5
 
@@ -97,6 +101,7 @@ def test_tasks_submitted_over_rest_run_each_in_its_own_sandbox_and_are_graded(
 
     engine = docker.from_env()
     assert not engine.containers.list(all=True, filters={"label": f"pybench-eval.evaluation={evaluation_id}"})
+    assert not engine.containers.list(all=True, filters={"label": "pybench-eval.role=grading-sandbox"})
     for sandbox_id in sandboxes:
         with pytest.raises(docker.errors.NotFound):
             engine.containers.get(sandbox_id)

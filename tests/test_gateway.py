@@ -15,6 +15,7 @@ from gateway.settings import GatewaySettings
 from services.queues import SESSIONS_QUEUE
 
 CANARY_KEY = "sk-canary-4f1d2a9e7b"
+JUDGE_CANARY_KEY = "sk-judge-canary-8c2e"
 BODY = {"model": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}, "tasks": [7, 13, 16], "prompt": "gpt"}
 
 
@@ -28,24 +29,30 @@ def api(redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path) -
 def test_submission_is_stored_and_one_session_per_available_task_is_enqueued(
     api: httpx.Client, redis_client: Redis, tmp_path: Path
 ) -> None:
-    response = api.post("/v1/evaluations", json={**BODY, "api_key": CANARY_KEY})
+    judge = {"endpoint": {"base_url": "http://127.0.0.1:9/v1", "model": "judge"}, "mode": "pairwise"}
+    body = {**BODY, "api_key": CANARY_KEY, "judge": judge, "judge_api_key": JUDGE_CANARY_KEY}
+    response = api.post("/v1/evaluations", json=body)
     assert response.status_code == 201, response.text
     view = response.json()
     evaluation_id = view["evaluation"]["id"]
     assert view["evaluation"]["unavailable_tasks"] == [13]
-    assert view["evaluation"]["has_api_key"] is True
+    assert view["evaluation"]["has_api_key"] is True and view["evaluation"]["has_judge_api_key"] is True
+    assert view["evaluation"]["judge"] == judge
     assert view["progress"]["counts"] == {"queued": 2, "running": 0, "grading": 0, "done": 0, "unavailable": 1}
     assert (tmp_path / "evaluations" / evaluation_id / "evaluation.json").is_file()
     queue = Queue(SESSIONS_QUEUE, connection=redis_client, serializer=JSONSerializer)
     assert queue.job_ids == [f"pbe-session-{evaluation_id}-7-a1", f"pbe-session-{evaluation_id}-16-a1"]
     assert sorted(job.args[0]["task_index"] for job in queue.jobs) == [7, 16]
     assert all(set(job.args[0]) == {"evaluation_id", "task_index", "attempt"} for job in queue.jobs)
-    # The key is kept for the executor but never shown, stored with the evaluation, or put in a job.
-    assert CANARY_KEY not in response.text
-    assert CANARY_KEY not in api.get(f"/v1/evaluations/{evaluation_id}").text
-    assert CANARY_KEY not in (tmp_path / "evaluations" / evaluation_id / "evaluation.json").read_text()
-    for job in queue.jobs:
-        assert CANARY_KEY.encode() not in (redis_client.hget(f"rq:job:{job.id}", "data") or b"")
+    # The keys are kept for the executor and the grader but never shown, stored with the evaluation, or put
+    # in a job.
+    for canary in (CANARY_KEY, JUDGE_CANARY_KEY):
+        assert canary not in response.text
+        assert canary not in api.get(f"/v1/evaluations/{evaluation_id}").text
+        assert canary not in (tmp_path / "evaluations" / evaluation_id / "evaluation.json").read_text()
+        for job in queue.jobs:
+            assert canary.encode() not in (redis_client.hget(f"rq:job:{job.id}", "data") or b"")
+        assert canary.encode() not in redis_client.get(f"pbe:evaluation:{evaluation_id}")
 
     status = api.get(f"/v1/evaluations/{evaluation_id}").json()
     assert status["status"] == "queued" and status["progress"]["total"] == 3

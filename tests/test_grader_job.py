@@ -1,17 +1,22 @@
 """The grading job against a real Redis and an artifact store on disk."""
 
+import json
 from pathlib import Path
 
 from redis import Redis
+from rq import Queue
+from rq.serializers import JSONSerializer
 
 from grader.jobs import grade_and_record
-from services.evaluation import Evaluation, ModelEndpoint, Sampling, TaskState
-from services.queues import GradeJob
+from services.evaluation import Evaluation, JudgeConfig, ModelEndpoint, Sampling, TaskState
+from services.queues import MAX_SESSION_ATTEMPTS, SESSIONS_QUEUE, GradeJob
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import load_suite
 from services.trajectory import EndReason, Message, Trajectory
 from services.verdict import VerdictStatus
+from tests.judge_server import JudgeServer, Step
+from tests.servers import serve
 
 
 def test_verdicts_are_recorded_and_results_written_once_every_task_is_graded(
@@ -64,3 +69,105 @@ def test_verdicts_are_recorded_and_results_written_once_every_task_is_graded(
         GradeJob(evaluation_id=evaluation.id, task_index=134), redis=redis_client, suite=suite, store=store
     )
     assert len(state.verdicts(evaluation.id)) == 2
+
+
+def test_an_evaluation_with_a_judge_gets_each_session_judged_with_the_key_from_the_secret_store(
+    redis_client: Redis, suite_path: Path, tmp_path: Path
+) -> None:
+    suite = load_suite(suite_path)
+    store = ArtifactStore(tmp_path)
+    state = StateStore(redis_client)
+    server = JudgeServer()
+    canary = "sk-judge-canary-5b1e"
+    with serve(server.app) as url:
+        evaluation = Evaluation(
+            id="judged",
+            model=ModelEndpoint(base_url="http://127.0.0.1:9/v1", model="m"),
+            suite="pybench",
+            tasks=[134, 44],
+            max_turns=10,
+            cell_timeout_s=60,
+            prompt="gpt",
+            sampling=Sampling(),
+            judge=JudgeConfig(endpoint=ModelEndpoint(base_url=url + "/v1", model="judge-model")),
+            has_judge_api_key=True,
+        )
+        state.create(evaluation, None, judge_api_key=canary)
+        for index, answer in ((134, "Finished: no idea"), (44, "Finished: saved")):
+            store.put_trajectory(
+                Trajectory(
+                    evaluation_id=evaluation.id,
+                    task_index=index,
+                    attempt=1,
+                    end_reason=EndReason.NO_CODE,
+                    messages=[Message(role="user", content="q"), Message(role="assistant", content=answer)],
+                )
+            )
+        store.put_output_file(evaluation.id, 44, 1, "44.png", b"\x89PNG")
+        # The judge passes task 134 (the tests fail it) and answers out of schema for task 44.
+        server.script(Step(content=json.dumps({"reason": "looks right", "passed": True})), Step(content="I think so"))
+        options = {"retries": 0, "backoff_s": 0.001}
+        for index in (134, 44):
+            job = GradeJob(evaluation_id=evaluation.id, task_index=index)
+            grade_and_record(job, redis=redis_client, suite=suite, store=store, judge_options=options)
+    assert [r.headers.get("authorization") for r in server.requests] == [f"Bearer {canary}"] * 2
+    verdicts = {v.task_index: v for v in state.verdicts(evaluation.id)}
+    judged, unparseable = verdicts[134].judgment, verdicts[44].judgment
+    assert judged is not None and judged.status == "passed" and judged.judge_model == "judge-model"
+    assert len(judged.prompt_hash) == 64
+    assert unparseable is not None and unparseable.status == "unparseable"
+    results = (tmp_path / "evaluations" / evaluation.id / "results.json").read_text()
+    assert canary not in results
+    metrics = json.loads(results)["metrics"]
+    assert metrics["llm"]["judged"] == 2 and metrics["llm"]["passed"] == 1 and metrics["llm"]["unparseable"] == 1
+    assert metrics["llm"]["pass_rate"] == 0.5  # the unparseable judgment stays in the denominator
+    # Task 134 (tests fail, judge passes) and task 44 (tests pass, judge could not say) disagree.
+    assert metrics["llm"]["agreement"]["all"]["disagreeing"] == [44, 134]
+
+
+def test_a_session_the_environment_broke_is_run_again_and_only_its_last_attempt_is_recorded(
+    redis_client: Redis, suite_path: Path, tmp_path: Path
+) -> None:
+    suite = load_suite(suite_path)
+    store = ArtifactStore(tmp_path)
+    state = StateStore(redis_client)
+    evaluation = Evaluation(
+        id="retried",
+        model=ModelEndpoint(base_url="http://127.0.0.1:9/v1", model="m"),
+        suite="pybench",
+        tasks=[44],
+        max_turns=10,
+        cell_timeout_s=60,
+        prompt="gpt",
+        sampling=Sampling(),
+    )
+    state.create(evaluation, None)
+    queue = Queue(SESSIONS_QUEUE, connection=redis_client, serializer=JSONSerializer)
+    for attempt in range(1, MAX_SESSION_ATTEMPTS + 1):
+        store.put_trajectory(
+            Trajectory(
+                evaluation_id=evaluation.id,
+                task_index=44,
+                attempt=attempt,
+                end_reason=EndReason.SANDBOX_ERROR,
+                error="the kernel died",
+                messages=[Message(role="user", content="q")],
+            )
+        )
+        outcome = grade_and_record(
+            GradeJob(evaluation_id=evaluation.id, task_index=44, attempt=attempt),
+            redis=redis_client,
+            suite=suite,
+            store=store,
+        )
+        if attempt < MAX_SESSION_ATTEMPTS:
+            assert outcome["retried_as_attempt"] == attempt + 1
+            assert f"pbe-session-retried-44-a{attempt + 1}" in queue.job_ids
+            assert state.task_states(evaluation.id)[44] is TaskState.QUEUED and not state.verdicts(evaluation.id)
+    assert "retried_as_attempt" not in outcome
+    [verdict] = state.verdicts(evaluation.id)
+    assert verdict.status is VerdictStatus.INFRA_ERROR and verdict.attempt == MAX_SESSION_ATTEMPTS
+    assert state.task_states(evaluation.id)[44] is TaskState.DONE
+    results = json.loads((tmp_path / "evaluations" / evaluation.id / "results.json").read_text())
+    assert results["metrics"]["by_status"]["infra_error"] == 1 and results["metrics"]["by_status"]["failed"] == 0
+    assert (tmp_path / "evaluations" / evaluation.id / "tasks/44/attempt-1/verdict.json").is_file()

@@ -96,10 +96,17 @@ def create_evaluation(
         cell_timeout_s=body.cell_timeout_s,
         prompt=body.prompt,
         sampling=body.sampling,
+        judge=body.judge,
+        has_judge_api_key=body.judge_api_key is not None,
     )
     store.put_evaluation(evaluation)
     unavailable = [_unavailable_verdict(evaluation.id, suite, i) for i in evaluation.unavailable_tasks]
-    state.create(evaluation, body.api_key.get_secret_value() if body.api_key else None, unavailable)
+    state.create(
+        evaluation,
+        body.api_key.get_secret_value() if body.api_key else None,
+        unavailable,
+        judge_api_key=body.judge_api_key.get_secret_value() if body.judge_api_key else None,
+    )
     for index in indices:
         if index in evaluation.unavailable_tasks:
             continue

@@ -1,0 +1,54 @@
+"""Asking an evaluation's LLM judge about one session, as the evaluation configured it.
+
+The judge's key comes from the secret store (never from the job's arguments). In pairwise mode the reference
+is the suite's recorded trajectory of the task (``trajectory.jsonl``); a task without a recording is shown to
+the judge as "no trajectory", as PyBench does. A judge that fails or answers out of schema gives an
+``error`` or ``unparseable`` outcome: it is counted, never dropped and never raised.
+"""
+
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from grader.judge import Judge, Judgment, load_reference
+from services.errors import SuiteError, TaskNotFoundError
+from services.evaluation import JudgeConfig
+from services.task import Task
+from services.trajectory import Trajectory
+from services.verdict import JudgeOutcome
+
+RECORDINGS = "trajectory.jsonl"
+"""The suite file whose recorded trajectories are the pairwise references."""
+
+
+def outcome_of(judgment: Judgment) -> JudgeOutcome:
+    """The shared-contract form of a judgment (what a verdict keeps)."""
+    return JudgeOutcome(
+        mode=judgment.mode.value,
+        status=judgment.status.value,
+        reason=judgment.reason,
+        judge_model=judgment.judge_model,
+        prompt_hash=judgment.prompt_hash,
+        preference=judgment.preference.value if judgment.preference else None,
+        latency_s=judgment.latency_s,
+        prompt_tokens=judgment.prompt_tokens,
+        completion_tokens=judgment.completion_tokens,
+    )
+
+
+def judge_session(
+    config: JudgeConfig, api_key: str | None, task: Task, trajectory: Trajectory, suite_root: Path, **options: float
+) -> JudgeOutcome:
+    """Judge one session under ``config``. ``options`` go to ``grader.judge.Judge`` (timeouts, backoff).
+
+    Never raises for the endpoint's failures (they come back as an ``error`` outcome).
+    """
+    key = SecretStr(api_key) if api_key else None
+    with Judge(config.endpoint.base_url, config.endpoint.model, api_key=key, **options) as judge:  # type: ignore[arg-type]
+        if config.mode == "pairwise":
+            try:
+                reference = load_reference(suite_root / RECORDINGS, task.index).messages
+            except (SuiteError, TaskNotFoundError):
+                reference = []
+            return outcome_of(judge.judge_pairwise(task.query, trajectory.messages, reference))
+        return outcome_of(judge.judge_absolute(task.query, trajectory.messages))

@@ -1,0 +1,518 @@
+"""The file-opening check kinds, run in real grading sandboxes (containers of the sandbox image).
+
+The fixtures (tables, images, pickles, audio) are made by one container of the sandbox image, which has
+numpy, pandas, PIL, pydub and ffmpeg (the host need not). Every kind's passing and failing cases then run in
+one ``run_file_checks`` call over one set of files; only the timeout needs a container of its own. The
+network probes aim at loopback inside the sandbox and at this machine's own Docker bridge address (a UDP
+``connect``, which sends nothing); no test aims at an outside address.
+"""
+
+import base64
+import io
+import ipaddress
+import json
+import pickle
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker.client
+import pytest
+
+from grader import file_checks
+from grader.check_sandbox import GRADING_ROLE, parse_results, reap, run_file_checks, workspace_name
+from services.errors import SandboxStartError
+from services.verdict import CheckResult
+
+pytestmark = pytest.mark.docker
+
+IMAGE = "pybench-eval/sandbox:latest"
+GRADING_LABEL = f"pybench-eval.role={GRADING_ROLE}"
+
+GENERATOR = r"""
+import base64, io, os, pickle, tarfile, tempfile
+import numpy as np
+import pandas as pd
+from PIL import Image, ImageFilter
+from pydub import AudioSegment
+from pydub.generators import Sine
+from mutagen.id3 import ID3, TXXX
+from sklearn.linear_model import LinearRegression
+
+files = {}
+
+def png(name, image):
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    files[name] = buffer.getvalue()
+
+# An input of noise, and outputs the tasks' transforms make of it (and one left untouched).
+noise = Image.fromarray(np.random.default_rng(7).integers(0, 256, (60, 90, 3), dtype=np.uint8))
+png("data/noise.png", noise)
+png("output/rotated_left.png", noise.rotate(90, expand=True))
+png("output/turned.png", noise.rotate(180, expand=True))
+png("output/mirrored.png", noise.transpose(Image.Transpose.FLIP_LEFT_RIGHT))
+png("output/upside_down.png", noise.transpose(Image.Transpose.FLIP_TOP_BOTTOM))
+png("output/untouched.png", noise)
+png("output/untouched_grey.png", noise.convert("L"))
+
+# A colourful, sharp input, and outputs darker, flatter, greyer and blurred than it.
+y, x = np.mgrid[0:64, 0:64]
+photo = np.stack([x * 4, y * 4, 255 - (x + y) * 2], axis=-1).astype(np.uint8)
+photo[::8] = 255
+reference = Image.fromarray(photo)
+png("data/photo.png", reference)
+png("output/darker.png", Image.fromarray((photo * 0.5).astype(np.uint8)))
+png("output/flatter.png", Image.fromarray((photo * 0.2 + 100).astype(np.uint8)))
+png("output/greyer.png", reference.convert("L").convert("RGB"))
+png("output/blurred.png", reference.filter(ImageFilter.GaussianBlur(3)))
+png("output/photo_rgba.png", reference.convert("RGBA"))
+
+png("output/224.png", Image.new("RGB", (224, 224)))
+png("output/wide.png", Image.new("RGB", (200, 100)))
+png("output/grey.png", Image.new("L", (50, 50), 128))
+png("output/dark.png", Image.new("RGB", (40, 40), (10, 10, 10)))
+png("output/white.png", Image.new("RGB", (40, 40), (250, 250, 250)))
+png("data/strip.png", Image.new("RGB", (400, 100)))
+for i in range(1, 5):
+    png(f"output/column_{i}.png", Image.new("RGB", (100, 100)))
+    png(f"output/band_{i}.png", Image.new("RGB", (400, 25)))
+
+def excel(name, frame):
+    buffer = io.BytesIO()
+    frame.to_excel(buffer, index=False)
+    files[name] = buffer.getvalue()
+
+excel("output/numbers.xlsx", pd.DataFrame({"network": ["NBC", "CBS"], "viewers": [1.5, 2.5]}))
+excel("output/strings.xlsx", pd.DataFrame({"network": ["NBC", "CBS"], "viewers": ["1,500", "2,500"]}))
+
+files["output/model.pkl"] = pickle.dumps(LinearRegression().fit([[0.0], [1.0], [2.0]], [0.0, 1.0, 2.0]))
+
+def wav(name, amplitude):
+    t = np.arange(8000) / 8000
+    samples = (amplitude * 32767 * np.sin(2 * np.pi * 440 * t)).astype("<i2")
+    segment = AudioSegment(samples.tobytes(), frame_rate=8000, sample_width=2, channels=1)
+    buffer = io.BytesIO()
+    segment.export(buffer, format="wav")
+    files[name] = buffer.getvalue()
+
+wav("data/tone.wav", 0.3)
+wav("output/louder.wav", 0.6)
+wav("output/quieter.wav", 0.1)
+
+def mp3(name, segment, gain=None):
+    path = os.path.join(tempfile.mkdtemp(), "a.mp3")
+    segment.export(path, format="mp3", bitrate="64k")
+    if gain is not None:
+        tags = ID3()
+        tags.add(TXXX(encoding=3, desc="replaygain_track_gain", text=[gain]))
+        tags.save(path)
+    with open(path, "rb") as file:
+        files[name] = file.read()
+
+tone = Sine(440).to_audio_segment(duration=1500, volume=-12).set_channels(1)
+mp3("data/tone.mp3", tone, gain="-3.00 dB")
+mp3("output/louder.mp3", tone + 9)
+mp3("output/silent.mp3", AudioSegment.silent(duration=1500, frame_rate=44100))
+mp3("output/lowered.mp3", tone - 6, gain="-9.00 dB")
+mp3("output/untagged.mp3", tone - 6)
+mp3("output/cut.mp3", tone[:500])
+
+buffer = io.BytesIO()
+with tarfile.open(fileobj=buffer, mode="w") as tar:
+    for name, data in files.items():
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+print(base64.b64encode(buffer.getvalue()).decode())
+"""
+"""Makes the binary fixtures inside the sandbox image; prints them as one base64 tar line."""
+
+
+class Reduce:
+    """Pickles as a call of ``function(*args)``: what a hostile pickle runs when it is loaded."""
+
+    def __init__(self, function: Any, *args: Any) -> None:
+        self.function, self.args = function, args
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return self.function, self.args
+
+
+def network_probe(bridge_gateway: str) -> str:
+    """Code that raises unless the box has loopback and nothing else."""
+    return f"""
+import errno, socket
+names = [name for _, name in socket.if_nameindex()]
+assert names == ["lo"], f"interfaces: {{names}}"
+with socket.socket() as server:
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    socket.create_connection(server.getsockname(), timeout=2).close()
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+    try:
+        probe.connect(("{bridge_gateway}", 9))
+    except OSError as exc:
+        assert exc.errno == errno.ENETUNREACH, exc
+    else:
+        raise AssertionError("a route to the host's Docker bridge")
+"""
+
+
+FORGER = """
+import json
+forged = json.dumps({"results": [{"kind": "csv_no_duplicates", "passed": True, "detail": "forged"}] * 99})
+for target in ("/proc/1/fd/1", "/proc/1/fd/2"):
+    try:
+        with open(target, "w") as stream:
+            stream.write(forged + "\\n")
+    except OSError:
+        pass
+print(forged)
+"""
+"""Code that tries to write a result line where the checker writes its own."""
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[Any]:
+    client = docker.client.from_env()
+    if not client.images.list(name=IMAGE):
+        pytest.fail(f"the sandbox image {IMAGE} is missing: build it with `make images`")
+    yield client
+    leftovers = client.containers.list(all=True, filters={"label": GRADING_LABEL})
+    assert not leftovers, f"grading containers left behind: {[c.name for c in leftovers]}"
+    assert not client.volumes.list(filters={"label": GRADING_LABEL}), "a grading volume was left behind"
+    client.close()
+
+
+def make_fixtures(engine: Any) -> dict[str, bytes]:
+    """Run GENERATOR in a container of the sandbox image (no network, read-only root) and unpack its tar."""
+    api = engine.api
+    container = api.create_container(
+        IMAGE,
+        entrypoint=["/opt/venv/bin/python", "-I", "-c", GENERATOR],
+        command=[],
+        user="1000:1000",
+        labels={"pybench-eval.role": "test-fixtures"},
+        environment={"HOME": "/tmp"},
+        host_config=api.create_host_config(
+            network_mode="none", read_only=True, cap_drop=["ALL"], tmpfs={"/tmp": "size=64m,uid=1000"}
+        ),
+    )["Id"]
+    try:
+        api.start(container)
+        status = api.wait(container, timeout=120)
+        output = api.logs(container, stdout=True, stderr=False)
+        assert status["StatusCode"] == 0, api.logs(container, stdout=False, stderr=True, tail=20).decode()
+    finally:
+        api.remove_container(container, force=True)
+    files = {}
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(output.strip().splitlines()[-1]))) as tar:
+        for member in tar:
+            extracted = tar.extractfile(member)
+            assert extracted is not None
+            files[member.name] = extracted.read()
+    return files
+
+
+TEXT_FILES = {
+    "output/unique.csv": b"a,b\n1,2\n3,4\n",
+    "output/repeated.csv": b"a,b\n1,2\n1,2\n",
+    "output/holes.csv": b"a,b\n1,\n3,4\n",
+    "output/tame.csv": b"x,n\n" + b"".join(b"%d.5,%d\n" % (i, i) for i in range(1, 11)),
+    "output/wild.csv": b"x,n\n" + b"".join(b"%d.5,%d\n" % (i, i) for i in range(1, 11)) + b"1000.5,5\n",
+    "output/amounts.csv": b'network,amount\nNBC,"1,500"\nCBS,"2,500"\n',
+    "output/dates.csv": b"Start Date,Runs\n2020-01-01,10\n2021-02-03,20\n",
+    "output/not_dates.csv": b"Start Date,Runs\n2020-01-01,10\nsoon,20\n",
+    "output/sorted.csv": b"viewers,cost\n10,1\n10,2\n7,0\n5,9\n",
+    "output/unsorted.csv": b"viewers,cost\n10,2\n10,1\n7,0\n5,9\n",
+    "output/corrupt.png": b"\x89PNG\r\n\x1a\nnot really",
+    "output/corrupt.xls": b"PK\x03\x04 not a workbook",
+    "output/140/": b"",
+    "output/141/index.html": b"<html></html>",
+    "output/142/game.js": b"",
+    "output/142/site/index.html": b"<html></html>",
+    "output/model.txt": b"not a pickle",
+    "data/面壁 智能.csv": b"a\n1\n2\n",
+}
+
+
+def case(expected: bool | None, kind: str, **params: Any) -> tuple[bool | None, dict[str, Any]]:
+    return expected, {"kind": kind, **params}
+
+
+def suite_cases() -> list[tuple[bool | None, dict[str, Any]]]:
+    """(expected ``passed``, check) for every kind, passing and failing, plus crashes and refusals."""
+    outliers = {"k": 1.5, "dtypes": ["float64", "int64"]}
+    by_two = {"by": ["viewers", "cost"], "ascending": [False, True]}
+    photo = {"ref": "./data/photo.png"}
+    tiles = {"ref": "./data/strip.png", "concat": "horizontal", "max_ratio_diff": 0.1}
+    wave = {"ref": "./data/tone.wav", "measure": "rms_dbfs_wave_int16"}
+    mp3 = {"ref": "./data/tone.mp3", "measure": "dbfs"}
+    gain = {"ref": "./data/tone.mp3", "tag": "TXXX:replaygain_track_gain"}
+    length = {"measure": "mutagen_mp3_length"}
+
+    def undone(expected: bool, path: str, inverse: str) -> tuple[bool | None, dict[str, Any]]:
+        similar = {"ref": "./data/noise.png", "min_similar_fraction": 0.4, "per_channel_tolerance": 0.5}
+        return case(expected, "image_matches_input_after_inverse", path=path, inverse=inverse, **similar)
+
+    return [
+        case(True, "csv_no_duplicates", path="./output/unique.csv"),
+        case(False, "csv_no_duplicates", path="./output/repeated.csv"),
+        case(True, "csv_no_nulls", path="./output/unique.csv"),
+        case(False, "csv_no_nulls", path="./output/holes.csv"),
+        case(True, "csv_no_iqr_outliers", path="./output/tame.csv", **outliers),
+        case(False, "csv_no_iqr_outliers", path="./output/wild.csv", **outliers),
+        case(True, "table_no_numeric_strings", paths=["./output/numbers.xlsx", "./output/unique.csv"]),
+        case(False, "table_no_numeric_strings", paths=["./output/numbers.xlsx", "./output/amounts.csv"]),
+        case(False, "table_no_numeric_strings", paths=["./output/strings.xlsx", "./output/unique.csv"]),
+        case(True, "csv_column_datetime", path="./output/dates.csv", column="Start Date"),
+        case(False, "csv_column_datetime", path="./output/not_dates.csv", column="Start Date"),
+        case(False, "csv_column_datetime", path="./output/dates.csv", column="End Date"),
+        case(True, "excel_readable", paths=["./output/11.xls", "./output/numbers.xlsx"]),
+        case(False, "excel_readable", paths=["./output/corrupt.xls", "./output/11.xlsx"]),
+        case(True, "csv_rows", path="./output/unique.csv", n=2),
+        case(False, "csv_rows", path="./output/unique.csv", n=4),
+        case(True, "csv_rows", path="./data/面壁 智能.csv", n=2),
+        case(True, "csv_sorted_by", path="./output/sorted.csv", **by_two),
+        case(False, "csv_sorted_by", path="./output/unsorted.csv", **by_two),
+        case(True, "csv_sorted_by", path="./output/unsorted.csv", by=["viewers"], ascending=[False]),  # a tie
+        case(False, "csv_sorted_by", path="./output/sorted.csv", by=["viewers"], ascending=[True]),
+        case(True, "pickle_loads", path="./output/model.pkl"),
+        case(True, "pickle_loads", path="./output/plain.pkl"),
+        case(False, "pickle_loads", path="./output/model.txt"),
+        case(True, "pickle_loads", path="./output/network_probe.pkl"),
+        case(True, "pickle_loads", path="./output/forger.pkl"),
+        case(False, "pickle_loads", path="./output/memory_hog.pkl"),
+        case(True, "image_size", path="./output/224.png", width=224, height=224),
+        case(False, "image_size", path="./output/wide.png", width=224, height=224),
+        case(True, "image_square", path="./output/224.png"),
+        case(False, "image_square", path="./output/wide.png"),
+        case(True, "image_mode", path="./output/grey.png", mode="L"),
+        case(False, "image_mode", path="./output/224.png", mode="L"),
+        case(True, "image_dark_fraction", path="./output/dark.png", gray_max=50, min_fraction_exclusive=0.5),
+        case(False, "image_dark_fraction", path="./output/white.png", gray_max=50, min_fraction_exclusive=0.25),
+        case(True, "image_stat_vs_input", path="./output/darker.png", stat="mean_gray", op="lt", **photo),
+        case(False, "image_stat_vs_input", path="./output/darker.png", stat="mean_gray", op="gt", **photo),
+        case(True, "image_stat_vs_input", path="./output/flatter.png", stat="std_gray", op="lt", **photo),
+        case(False, "image_stat_vs_input", path="./output/flatter.png", stat="std_gray", op="gt", **photo),
+        case(True, "image_stat_vs_input", path="./output/greyer.png", stat="mean_hsv_s", op="lt", **photo),
+        case(False, "image_stat_vs_input", path="./output/greyer.png", stat="mean_hsv_s", op="gt", **photo),
+        case(True, "image_stat_vs_input", path="./output/photo_rgba.png", stat="mean_hsv_s", op="ge", **photo),
+        case(True, "image_stat_vs_input", path="./output/blurred.png", stat="laplacian_var", op="lt", **photo),
+        case(False, "image_stat_vs_input", path="./output/blurred.png", stat="laplacian_var", op="gt", **photo),
+        undone(True, "./output/rotated_left.png", "rotate_ccw_270_expand"),
+        undone(False, "./output/untouched.png", "rotate_ccw_270_expand"),
+        undone(True, "./output/turned.png", "rotate_180_expand"),
+        undone(True, "./output/mirrored.png", "flip_left_right"),
+        undone(False, "./output/untouched.png", "flip_left_right"),
+        undone(True, "./output/upside_down.png", "flip_top_bottom"),
+        undone(False, "./output/untouched_grey.png", "flip_left_right"),  # one channel: PyBench counts rows
+        case(True, "image_tiles_aspect", paths=[f"./output/column_{i}.png" for i in range(1, 5)], **tiles),
+        case(False, "image_tiles_aspect", paths=[f"./output/band_{i}.png" for i in range(1, 5)], **tiles),
+        case(True, "dir_exists", path="./output/140"),
+        case(True, "dir_exists", path="./output/141/"),
+        case(False, "dir_exists", path="./output/151/"),
+        case(True, "dir_has_ext", dir="./output/141", ext=".html"),
+        case(False, "dir_has_ext", dir="./output/142", ext=".html"),  # only in a sub-folder
+        case(False, "dir_has_ext", dir="./output/143", ext=".html"),
+        case(True, "audio_louder_than_input", path="./output/louder.wav", **wave),
+        case(False, "audio_louder_than_input", path="./output/quieter.wav", **wave),
+        case(False, "audio_louder_than_input", path="./output/louder.wav", **{**wave, "ref": "./data/missing.wav"}),
+        case(True, "audio_louder_than_input", path="./output/louder.mp3", **mp3),
+        case(False, "audio_louder_than_input", path="./output/silent.mp3", **mp3),
+        case(True, "audio_quieter_than_input", path="./output/silent.mp3", **mp3),
+        case(False, "audio_quieter_than_input", path="./output/louder.mp3", **mp3),
+        case(True, "mp3_replaygain_lower_than_input", path="./output/lowered.mp3", **gain),
+        case(False, "mp3_replaygain_lower_than_input", path="./output/untagged.mp3", **gain),
+        case(
+            False,
+            "mp3_replaygain_lower_than_input",
+            path="./output/silent.mp3",
+            **{**gain, "ref": "./output/untagged.mp3"},
+        ),
+        case(True, "audio_shorter_than_input", path="./output/cut.mp3", ref="./data/tone.mp3", **length),
+        case(False, "audio_shorter_than_input", path="./data/tone.mp3", ref="./output/cut.mp3", **length),
+        # A corrupt file crashes its check, and only it; paths out of the workspace are refused; unknown kinds wait.
+        case(False, "image_size", path="./output/corrupt.png", width=1, height=1),
+        case(False, "audio_shorter_than_input", path="./output/corrupt.png", ref="./data/tone.mp3", **length),
+        case(False, "csv_rows", path="../request.json", n=1),
+        case(False, "csv_rows", path="/etc/passwd", n=1),
+        case(False, "csv_rows", path="./output/unique.csv", n="two"),
+        case(None, "answer_contains_all", strings=["x"]),
+    ]
+
+
+@pytest.fixture(scope="module")
+def graded(engine: Any) -> tuple[list[tuple[bool | None, dict[str, Any]]], list[CheckResult], float]:
+    """Every case, run in one grading sandbox over one set of files."""
+    config = engine.networks.get("bridge").attrs["IPAM"]["Config"][0]  # this machine's own docker0 address
+    bridge = config.get("Gateway") or str(next(ipaddress.ip_network(config["Subnet"]).hosts()))
+    files = {**make_fixtures(engine), **TEXT_FILES}
+    files["output/plain.pkl"] = pickle.dumps({"weights": [1.0, 2.0]})
+    files["output/network_probe.pkl"] = pickle.dumps(Reduce(exec, network_probe(bridge)))
+    files["output/forger.pkl"] = pickle.dumps(Reduce(exec, FORGER))
+    files["output/memory_hog.pkl"] = pickle.dumps(Reduce(eval, "b'x' * (3 << 30)"))
+    files["../escaped.csv"] = b"a\n1\n"
+    cases = suite_cases()
+    started = time.monotonic()
+    results = run_file_checks([check for _, check in cases], files)
+    return cases, results, time.monotonic() - started
+
+
+def test_every_file_check_kind_of_the_suite_has_a_passing_and_a_failing_case(graded: Any, suite_path: Path) -> None:
+    cases, _, _ = graded
+    in_process = {"answer_contains_all", "answer_contains_any", "file_exists"}
+    suite = json.loads((suite_path / "checks.json").read_text(encoding="utf-8"))
+    kinds = {check["kind"] for task in suite for check in task["checks"]} - in_process
+    assert kinds <= set(file_checks.KINDS)
+    for kind in file_checks.KINDS:
+        assert {expected for expected, check in cases if check["kind"] == kind} >= {True, False}, kind
+
+
+def test_each_check_gets_its_own_outcome(graded: Any) -> None:
+    cases, results, _ = graded
+    assert len(results) == len(cases)
+    wrong = [
+        (check, result.passed, result.detail)
+        for (expected, check), result in zip(cases, results, strict=True)
+        if result.passed is not expected or result.kind != check["kind"] or not result.detail
+    ]
+    assert not wrong
+
+
+def detail(graded: Any, kind: str, **params: Any) -> str:
+    cases, results, _ = graded
+    for (_, check), result in zip(cases, results, strict=True):
+        if check["kind"] == kind and all(check.get(name) == value for name, value in params.items()):
+            return str(result.detail)
+    raise AssertionError(f"no case {kind} {params}")
+
+
+def test_details_say_why(graded: Any) -> None:
+    tables = ["./output/numbers.xlsx", "./output/amounts.csv"]
+    workbooks = ["./output/11.xls", "./output/numbers.xlsx"]
+    assert detail(graded, "csv_no_duplicates", path="./output/repeated.csv") == "1 duplicate row(s)"
+    assert "'b': 1" in detail(graded, "csv_no_nulls", path="./output/holes.csv")
+    assert "'x': 1" in detail(graded, "csv_no_iqr_outliers", path="./output/wild.csv")
+    assert "amount" in detail(graded, "table_no_numeric_strings", paths=tables)
+    assert "numbers.xlsx reads as Excel: 2 rows" in detail(graded, "excel_readable", paths=workbooks)
+    assert detail(graded, "image_size", path="./output/wide.png") == "200x100, want 224x224"
+    missing = detail(graded, "audio_louder_than_input", ref="./data/missing.wav")
+    assert missing == "the reference ./data/missing.wav is missing"
+    assert detail(graded, "dir_exists", path="./output/151/") == "the session did not produce the folder ./output/151/"
+
+
+def test_a_corrupt_file_crashes_only_its_own_check(graded: Any) -> None:
+    assert detail(graded, "image_size", path="./output/corrupt.png").startswith("check crashed: OSError: ")
+    assert detail(graded, "audio_shorter_than_input", path="./output/corrupt.png").startswith("check crashed: ")
+    assert detail(graded, "pickle_loads", path="./output/model.txt").startswith("pickle.load failed: ")
+
+
+def test_paths_out_of_the_workspace_are_refused(graded: Any) -> None:
+    assert detail(graded, "csv_rows", path="../request.json").startswith("refused path '../request.json'")
+    assert detail(graded, "csv_rows", path="/etc/passwd").startswith("refused path '/etc/passwd'")
+    assert detail(graded, "csv_rows", n="two").startswith("malformed check: ")
+    assert workspace_name("../escaped.csv") is None and workspace_name("/etc/passwd") is None
+    assert workspace_name("./output/a.csv") == "output/a.csv" and workspace_name("output/140/") == "output/140/"
+
+
+def test_pickles_load_with_the_sandbox_libraries_and_without_network_or_reach(graded: Any) -> None:
+    assert detail(graded, "pickle_loads", path="./output/model.pkl") == (
+        "loaded a sklearn.linear_model._base.LinearRegression"
+    )
+    # The probe raises unless the box has loopback only and no route to this machine's Docker bridge.
+    assert detail(graded, "pickle_loads", path="./output/network_probe.pkl") == "loaded a builtins.NoneType"
+    # The forger's result lines reach neither the checker's output nor its own check's result.
+    assert detail(graded, "pickle_loads", path="./output/forger.pkl") == "loaded a builtins.NoneType"
+    hog = detail(graded, "pickle_loads", path="./output/memory_hog.pkl")
+    assert hog.endswith("killed by signal 9 (out of memory?)")
+
+
+def test_the_suite_and_its_fixed_grading_name_only_known_kinds_with_well_formed_parameters(suite_path: Path) -> None:
+    from grader.checks import runs_in_process
+    from grader.variants import VARIANTS
+
+    suite = json.loads((suite_path / "checks.json").read_text(encoding="utf-8"))
+    checks = [check for task in suite for check in task["checks"]]
+    checks += [check for variant in VARIANTS.values() for check in variant.fixed_checks or []]
+    sandboxed = [check for check in checks if not runs_in_process(check)]
+    for check, result in zip(sandboxed, file_checks.run(sandboxed, "/nonexistent"), strict=True):
+        assert result["passed"] is False, (check, result)
+        assert result["detail"].startswith(("the session did not produce", "the reference")), (check, result)
+
+
+def test_one_call_for_every_kind_takes_seconds(graded: Any) -> None:
+    _, _, elapsed = graded
+    assert elapsed < 30, f"{elapsed:.1f} s for one call"
+
+
+def test_a_check_that_never_ends_is_cut_and_its_sandbox_removed(engine: Any) -> None:
+    files = {"output/slow.pkl": pickle.dumps(Reduce(time.sleep, 3600)), "output/unique.csv": b"a\n1\n"}
+    checks: list[dict[str, Any]] = [
+        {"kind": "csv_rows", "path": "./output/unique.csv", "n": 1},
+        {"kind": "pickle_loads", "path": "./output/slow.pkl"},
+    ]
+    started = time.monotonic()
+    results = run_file_checks(checks, files, timeout_s=3)
+    assert time.monotonic() - started < 15
+    assert [(r.kind, r.passed, r.detail) for r in results] == [
+        ("csv_rows", False, "grading sandbox timed out after 3 s"),
+        ("pickle_loads", False, "grading sandbox timed out after 3 s"),
+    ]
+    assert not engine.containers.list(all=True, filters={"label": GRADING_LABEL})
+    assert not engine.volumes.list(filters={"label": GRADING_LABEL})
+
+
+def test_a_missing_image_or_engine_is_a_start_error_that_says_what_to_do(engine: Any, tmp_path: Path) -> None:
+    checks = [{"kind": "dir_exists", "path": "./output"}]
+    with pytest.raises(SandboxStartError, match="make images"):
+        run_file_checks(checks, {}, image="pybench-eval/no-such-image:never")
+    assert not engine.volumes.list(filters={"label": GRADING_LABEL})
+    nowhere = docker.client.DockerClient(base_url=f"unix://{tmp_path}/no-engine.sock", version="1.41")
+    with pytest.raises(SandboxStartError, match="Docker engine"):
+        run_file_checks(checks, {}, client=nowhere)
+    assert run_file_checks([], {}) == []
+    assert reap(client=engine) == []
+
+
+def test_the_checker_runs_without_a_sandbox_on_the_standard_library(tmp_path: Path) -> None:
+    (tmp_path / "output" / "140").mkdir(parents=True)
+    (tmp_path / "output" / "p.pkl").write_bytes(pickle.dumps([1, 2]))
+    checks: list[Any] = [
+        {"kind": "dir_exists", "path": "./output/140"},
+        {"kind": "pickle_loads", "path": "./output/p.pkl"},
+        {"kind": "pickle_loads", "path": "./output/../../p.pkl"},
+        {"kind": "image_size", "path": "./output/none.png", "width": 1, "height": 1},
+        {"kind": "no_such_kind"},
+        "not a check",
+    ]
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"checks": checks, "root": str(tmp_path)}))
+    finished = subprocess.run(
+        [sys.executable, "-I", file_checks.__file__, str(request)], capture_output=True, text=True, check=True
+    )
+    results = json.loads(finished.stdout)["results"]
+    assert [r["passed"] for r in results] == [True, True, False, False, None, False]
+    assert results[2]["detail"].startswith("refused path") and "did not produce" in results[3]["detail"]
+    assert results == file_checks.run(checks, str(tmp_path))
+
+
+def test_only_a_well_formed_result_line_is_believed() -> None:
+    checks = [{"kind": "csv_rows"}, {"kind": "dir_exists"}]
+    good = json.dumps({"results": [{"kind": "x", "passed": True, "detail": "ok"}, {"passed": None, "detail": "?"}]})
+    results = parse_results(f"noise\n{good}\n{{not json\n".encode(), checks)
+    assert results == [
+        CheckResult(kind="csv_rows", passed=True, detail="ok"),
+        CheckResult(kind="dir_exists", passed=None, detail="?"),
+    ]
+    short = json.dumps({"results": [{"kind": "x", "passed": True, "detail": "ok"}]})
+    bad_type = json.dumps({"results": [{"passed": "yes", "detail": ""}, {"passed": True, "detail": ""}]})
+    for garbage in (b"", b"\xff\xfe", short.encode(), bad_type.encode(), b"[1, 2]", b'{"results": 3}'):
+        assert parse_results(garbage, checks) is None
+    refused = parse_results(b'{"error": "bad request: KeyError"}', checks)
+    assert refused is not None and all(r.passed is False and "refused the request" in r.detail for r in refused)

@@ -1,0 +1,146 @@
+"""Both gradings on recorded sessions, through real grading sandboxes: where the benchmark's tests are broken,
+``original`` keeps their outcome and ``fixed`` follows the task.
+
+Each session is a recorded trajectory of the suite's ``trajectory.jsonl`` with the files a correct solution
+produces, made by a script in a container of the sandbox image from the suite's own inputs.
+"""
+
+import base64
+import io
+import json
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+from grader import session_files
+from grader.check_sandbox import run_file_checks
+from grader.grading import grade
+from grader.variants import Grading, checks_for
+from services.suite import Suite, load_suite
+from services.trajectory import EndReason, Message, Trajectory
+from services.verdict import CheckResult, VerdictStatus
+
+pytestmark = pytest.mark.docker
+
+IMAGE = "pybench-eval/sandbox:latest"
+
+SOLUTIONS = r"""
+import base64, io, sys, tarfile
+import numpy as np
+import pandas as pd
+from PIL import Image
+from pydub import AudioSegment
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+out = {}
+def keep(name, write):
+    buffer = io.BytesIO(); write(buffer); out[name] = buffer.getvalue()
+
+frame = pd.read_csv("/suite/data/Turkey_Syria_Earthquake.csv")
+keep("11/11.xlsx", lambda b: frame.to_excel(b, index=False))
+stats = pd.read_csv("/suite/data/agents_abilities_stat.csv")
+plt.bar(range(len(stats)), range(len(stats))); keep("20/20.png", lambda b: plt.savefig(b, format="png"))
+picture = np.asarray(Image.open("/suite/data/99.jpeg").convert("RGB")).astype(float)
+noisy = np.clip(np.random.default_rng(0).poisson(picture), 0, 255).astype("uint8")
+keep("99/99.png", lambda b: Image.fromarray(noisy).save(b, format="PNG"))
+song = AudioSegment.from_file("/suite/data/Ghostrifter Official - Serenity.mp3")[:20000]
+keep("146/146.mp3", lambda b: (song + 1).export(b, format="mp3"))
+keep("149/149.mp3", lambda b: (song - 120).export(b, format="mp3"))
+archive = io.BytesIO()
+with tarfile.open(fileobj=archive, mode="w") as tar:
+    for name, data in out.items():
+        info = tarfile.TarInfo(name); info.size = len(data); tar.addfile(info, io.BytesIO(data))
+sys.stdout.write(base64.b64encode(archive.getvalue()).decode())
+"""
+"""Writes what a correct solution of tasks 11, 20, 99, 146 and 149 saves (task 63 saves nothing here)."""
+
+
+@pytest.fixture(scope="module")
+def suite(suite_path: Path) -> Suite:
+    return load_suite(suite_path)
+
+
+@pytest.fixture(scope="module")
+def outputs(suite_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Per task, a folder of what its session saved under ./output."""
+    api = docker.from_env().api
+    container = api.create_container(
+        IMAGE,
+        entrypoint=["/opt/venv/bin/python", "-I", "-c", SOLUTIONS],
+        command=[],
+        user="1000:1000",
+        labels={"pybench-eval.role": "test-fixtures"},
+        environment={"HOME": "/tmp", "MPLCONFIGDIR": "/tmp"},
+        host_config=api.create_host_config(
+            network_mode="none",
+            read_only=True,
+            cap_drop=["ALL"],
+            tmpfs={"/tmp": "size=64m,uid=1000"},
+            binds={str(suite_path.resolve()): {"bind": "/suite", "mode": "ro"}},
+        ),
+    )["Id"]
+    try:
+        api.start(container)
+        status = api.wait(container, timeout=180)
+        output = api.logs(container, stdout=True, stderr=False)
+        assert status["StatusCode"] == 0, api.logs(container, stdout=False, stderr=True, tail=20).decode()
+    finally:
+        api.remove_container(container, force=True)
+    root = tmp_path_factory.mktemp("outputs")
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(output.strip()))) as tar:
+        for member in tar:
+            extracted = tar.extractfile(member)
+            assert extracted is not None
+            (root / member.name).parent.mkdir(parents=True, exist_ok=True)
+            (root / member.name).write_bytes(extracted.read())
+    yield root
+
+
+def recorded(suite_path: Path, index: int) -> Trajectory:
+    """The suite's recorded trajectory of task ``index`` as a finished session."""
+    with (suite_path / "trajectory.jsonl").open(encoding="utf-8") as lines:
+        for line in lines:
+            record = json.loads(line)
+            if int(record["index"]) == index:
+                messages = [Message(role=m["role"], content=m["content"] or "") for m in record["messages"]]
+                return Trajectory(
+                    evaluation_id="gradings",
+                    task_index=index,
+                    attempt=1,
+                    messages=messages,
+                    end_reason=EndReason.NO_CODE,
+                )
+    raise AssertionError(f"task {index} is not recorded")
+
+
+@pytest.mark.parametrize(
+    ("index", "original", "fixed"),
+    [
+        (11, VerdictStatus.FAILED, VerdictStatus.PASSED),  # `assert df` always raises
+        (20, VerdictStatus.FAILED, VerdictStatus.PASSED),  # NameError in the test
+        (63, VerdictStatus.PASSED, VerdictStatus.FAILED),  # the test discards os.path.exists; nothing was saved
+        (99, VerdictStatus.FAILED, VerdictStatus.PASSED),  # noise raises the Laplacian variance
+        (146, VerdictStatus.FAILED, VerdictStatus.PASSED),  # the test reads a .wav the query never asked for
+        (149, VerdictStatus.FAILED, VerdictStatus.PASSED),  # ReplayGain tags nobody writes
+    ],
+)
+def test_recorded_sessions_differ_between_the_gradings_exactly_where_the_benchmark_is_broken(
+    suite: Suite, suite_path: Path, outputs: Path, index: int, original: VerdictStatus, fixed: VerdictStatus
+) -> None:
+    task = suite.task(index)
+    output_dir = outputs / str(index)
+    named = [c for grading in Grading for c in checks_for(index, task.checks, grading)]
+
+    def run(checks: list[dict[str, Any]]) -> list[CheckResult]:
+        return run_file_checks(checks, session_files.gather(output_dir, suite, named), image=IMAGE, timeout_s=120)
+
+    produced = sorted(f"./output/{p.name}" for p in output_dir.iterdir()) if output_dir.is_dir() else []
+    verdict = grade(task, recorded(suite_path, index), produced, run)
+    assert verdict.fixed is not None
+    assert (verdict.status, verdict.fixed.status) == (original, fixed), (verdict.reason, verdict.fixed.reason)
