@@ -44,16 +44,20 @@ images: base-image wheels ## Build the app, sandbox and redis images (layers are
 	docker build -q --force-rm --build-arg BASE_IMAGE=$(BASE_IMAGE) -t pybench-eval/sandbox:latest executor/sandbox
 	docker build -q --force-rm --build-arg BASE_IMAGE=$(REDIS_BASE_IMAGE) -t pybench-eval/redis:latest docker/redis
 
-up: images compose-plugin ## Start the stack (gateway on 127.0.0.1:$PBE_GATEWAY_PORT) and wait until healthy
+.env: ## Make .env with a new operator admin API key (PBE_ADMIN_KEY) for the stack
+	@umask 077; echo "PBE_ADMIN_KEY=pbe-admin-$$($(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(24))')" > .env
+	@echo "wrote .env with a new PBE_ADMIN_KEY (send it as Authorization: Bearer <key>)"
+
+up: images compose-plugin .env ## Start the stack (gateway on 127.0.0.1:$PBE_GATEWAY_PORT) and wait until healthy
 	$(COMPOSE) up -d --no-build --wait --wait-timeout 180
-	@echo "pybench-eval is up: http://127.0.0.1:$(PBE_GATEWAY_PORT) (API docs at /docs)"
+	@echo "pybench-eval is up: http://127.0.0.1:$(PBE_GATEWAY_PORT) (API docs at /docs; the admin key is in .env)"
 
 down: ## Stop the stack and remove its sandboxes (volumes are kept)
 	-$(COMPOSE) down --remove-orphans
 	@$(MAKE) --no-print-directory reap
 
 demo: up ## Run ten PyBench tasks against the replay model and print the verdicts; leaves the stack up
-	$(PYTHON) scripts/demo.py --gateway http://127.0.0.1:$(PBE_GATEWAY_PORT) --tasks $(DEMO_TASKS)
+	set -a; . ./.env; set +a; $(PYTHON) scripts/demo.py --gateway http://127.0.0.1:$(PBE_GATEWAY_PORT) --tasks $(DEMO_TASKS)
 	@echo "the stack is still up at http://127.0.0.1:$(PBE_GATEWAY_PORT); stop it with: make down"
 
 test: images compose-plugin ## Run the tests (unit, real Redis, real sandbox containers, the compose stack)

@@ -19,6 +19,7 @@ from executor.session import SessionLimits, run_task_session
 from executor.settings import ExecutorSettings
 from executor.worker import current_pool
 from services.evaluation import TaskState
+from services.netguard import EgressPolicy, pinned_transport
 from services.queues import (
     DEFAULT_GRADE_JOB_TIMEOUT_S,
     GRADE_SESSION_JOB,
@@ -50,6 +51,10 @@ def execute_session(
     """
     state = StateStore(redis)
     evaluation = state.get(job.evaluation_id)
+    if state.cancelled(evaluation.id):
+        state.set_task_state(evaluation.id, job.task_index, TaskState.CANCELLED)
+        log.info("task %d of %s: skipped, the evaluation was cancelled", job.task_index, evaluation.id)
+        return {"task": job.task_index, "cancelled": True}
     suite = load_suite(settings.require_suite())
     task = suite.task(job.task_index)
     store = ArtifactStore(settings.ARTIFACT_ROOT)
@@ -66,6 +71,7 @@ def execute_session(
         evaluation.model.model,
         api_key=state.model_key(evaluation.id),
         timeout_s=settings.MODEL_TIMEOUT_S,
+        transport=pinned_transport(EgressPolicy.parse(settings.EGRESS_ALLOWLIST)),
     )
     try:
         trajectory, files = run_task_session(

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from services.errors import ModelResponseError, ModelUnreachableError
+from services.netguard import EgressRefusedError
 from services.trajectory import Message
 
 DEFAULT_RETRIES = 3
@@ -69,6 +70,8 @@ class ModelClient:
             delay = self.backoff_s * (2**attempt) * (0.5 + random.random())
             try:
                 response = self._http.post("/chat/completions", json=body)
+            except EgressRefusedError as exc:
+                raise ModelUnreachableError(f"model endpoint {self._http.base_url} refused: {exc}") from exc
             except httpx.TransportError as exc:
                 if attempt >= self.retries:
                     raise ModelUnreachableError(

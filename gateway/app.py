@@ -3,15 +3,20 @@
 Settings are read and checked when the app is made; Redis is connected lazily per request.
 """
 
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
 from redis import Redis
 from redis.exceptions import RedisError
 
+from gateway import reconcile
 from gateway.problems import install_problem_handlers, problem_response
-from gateway.routers import evaluations, suites
+from gateway.routers import evaluations, leaderboard, suites
 from gateway.settings import GatewaySettings
+from services.store import ArtifactStore
+from services.suite import load_suite
 
 
 def create_app(settings: GatewaySettings | None = None) -> FastAPI:
@@ -22,16 +27,31 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     """
     settings = settings or GatewaySettings()
     settings.require_suite()
+    redis = Redis.from_url(settings.REDIS_URL)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        stop = threading.Event()
+        if settings.RECONCILE_INTERVAL_S > 0:
+            suite = load_suite(settings.require_suite(), settings.SUITE_NAME)
+            store = ArtifactStore(settings.ARTIFACT_ROOT)
+            reconcile.run_periodically(redis, store, suite, settings.RECONCILE_INTERVAL_S, stop)
+        yield
+        stop.set()
+
     app = FastAPI(
         title="pybench-eval",
         version="0.1.0",
-        description="Evaluate LLM agents that solve real-world tasks in a sandboxed Python interpreter.",
+        description="Evaluate LLM agents that solve real-world tasks in a sandboxed Python interpreter. "
+        "Every /v1 route needs `Authorization: Bearer <API key>`; errors are `application/problem+json`.",
+        lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.redis = Redis.from_url(settings.REDIS_URL)
+    app.state.redis = redis
     install_problem_handlers(app)
     app.include_router(evaluations.router)
     app.include_router(suites.router)
+    app.include_router(leaderboard.router)
 
     @app.middleware("http")
     async def _limit_body(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

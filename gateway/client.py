@@ -22,9 +22,33 @@ class GatewayError(PybenchEvalError):
         self.status = status
 
 
+FINISHED_TASK_STATES = ("done", "unavailable", "cancelled")
+
+
+def finished(view: dict[str, Any]) -> bool:
+    """Whether nothing of the evaluation (a view as the API returns it) runs any more."""
+    progress = view["progress"]
+    done = sum(int(progress["counts"].get(state, 0)) for state in FINISHED_TASK_STATES)
+    return done == int(progress["total"])
+
+
 class GatewayClient:
-    def __init__(self, base_url: str, *, timeout_s: float = 30.0, transport: httpx.BaseTransport | None = None):
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s, transport=transport)
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        """``api_key``: this service's key, sent as ``Authorization: Bearer``."""
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"), timeout=timeout_s, transport=transport, headers=headers
+        )
+
+    def __repr__(self) -> str:
+        return f"GatewayClient({str(self._http.base_url)!r})"
 
     def close(self) -> None:
         self._http.close()
@@ -65,7 +89,7 @@ class GatewayClient:
         deadline = time.monotonic() + timeout_s
         while True:
             view = self.evaluation(evaluation_id)
-            if view["status"] == "completed":
+            if finished(view):
                 return view
             if time.monotonic() > deadline:
                 raise TimeoutError(

@@ -16,14 +16,19 @@ PROBLEM_JSON = "application/problem+json"
 class Problem(Exception):
     """An error the API reports as a problem document."""
 
-    def __init__(self, status: int, title: str, detail: str, **extra: Any) -> None:
+    def __init__(
+        self, status: int, title: str, detail: str, *, headers: dict[str, str] | None = None, **extra: Any
+    ) -> None:
         super().__init__(detail)
         self.status, self.title, self.detail, self.extra = status, title, detail, extra
+        self.headers = headers or {}
 
 
-def problem_response(status: int, title: str, detail: str, instance: str, **extra: Any) -> JSONResponse:
+def problem_response(
+    status: int, title: str, detail: str, instance: str, *, headers: dict[str, str] | None = None, **extra: Any
+) -> JSONResponse:
     body = {"type": "about:blank", "title": title, "status": status, "detail": detail, "instance": instance, **extra}
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
 _STATUS_OF: list[tuple[type[PybenchEvalError], int, str]] = [
@@ -39,7 +44,7 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem) -> JSONResponse:
-        return problem_response(exc.status, exc.title, exc.detail, request.url.path, **exc.extra)
+        return problem_response(exc.status, exc.title, exc.detail, request.url.path, headers=exc.headers, **exc.extra)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -1,5 +1,7 @@
 """The gateway's settings (``PBE_`` environment variables), validated when the app is made."""
 
+from pydantic import Field, SecretStr
+
 from services.settings import ServiceSettings
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
@@ -7,6 +9,21 @@ DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
 
 class GatewaySettings(ServiceSettings):
+    """The gateway's settings; the limits are per API key unless said otherwise."""
+
     SUITE_NAME: str = "pybench"
     """The name under which the suite at ``SUITE_PATH`` is offered."""
     MAX_BODY_BYTES: int = DEFAULT_MAX_BODY_BYTES
+    ADMIN_KEY: SecretStr | None = None
+    """The operator's bootstrap admin key (``Authorization: Bearer <it>``); other keys are made with
+    ``python -m gateway.keys create``."""
+    RATE_LIMIT_PER_MINUTE: int = Field(default=120, ge=1)
+    """Requests per key per minute; past it, 429 with Retry-After."""
+    MAX_SESSIONS_PER_KEY: int = Field(default=1000, ge=1)
+    """Task sessions a key may have queued or running at once; a submission past it gets 429."""
+    MAX_QUEUED_SESSIONS: int = Field(default=20000, ge=1)
+    """Task sessions waiting in the queue for all keys; a submission past it gets 503."""
+    RECONCILE_INTERVAL_S: float = Field(default=30.0, ge=0)
+    """How often the reconciler queues again work a crash dropped (0: never; ``python -m gateway.reconcile``)."""
+    IDEMPOTENCY_TTL_S: int = 24 * 3600
+    """How long an ``Idempotency-Key`` is remembered."""

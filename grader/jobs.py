@@ -14,8 +14,8 @@ from grader.grading import FileCheckRunner, grade
 from grader.judging import judge_session
 from grader.settings import GraderSettings
 from grader.variants import Grading, checks_for
-from services.evaluation import TaskState
 from services.metrics import build_results
+from services.netguard import EgressPolicy
 from services.queues import (
     DEFAULT_SESSION_JOB_TIMEOUT_S,
     MAX_SESSION_ATTEMPTS,
@@ -58,13 +58,15 @@ def grade_and_record(
     store: ArtifactStore,
     run_files: FileCheckRunner | None = None,
     judge_options: dict[str, float] | None = None,
+    egress: EgressPolicy | None = None,
 ) -> dict[str, Any]:
     """Grade the session of ``job``; write the verdict to the store and Redis, and the results when complete.
 
     A session the environment broke is not recorded but run again as its next attempt, up to
     ``MAX_SESSION_ATTEMPTS``; the last attempt's ``infra_error`` is recorded (and never counted as failed).
     ``run_files`` runs the checks that open produced files (see ``sandbox_runner``). When the evaluation has
-    a judge, the session is judged too (``judge_options``: ``grader.judge.Judge``'s options, e.g. timeouts).
+    a judge, the session is judged too (``judge_options``: ``grader.judge.Judge``'s options, e.g. timeouts), its
+    endpoint reached only where ``egress`` permits (no internal address when None).
 
     Raises:
         ArtifactNotFoundError: the session's trajectory is not in the store.
@@ -84,7 +86,13 @@ def grade_and_record(
     if judge is not None and verdict.status is not VerdictStatus.INFRA_ERROR:
         options = judge_options or {}
         verdict.judgment = judge_session(
-            judge, state.judge_key(job.evaluation_id), task, trajectory, suite.root, **options
+            judge,
+            state.judge_key(job.evaluation_id),
+            task,
+            trajectory,
+            suite.root,
+            egress or EgressPolicy.parse(""),
+            **options,
         )
     store.put_verdict(verdict)
     state.put_verdict(verdict)
@@ -97,7 +105,7 @@ def grade_and_record(
 def _retry(job: GradeJob, verdict: Verdict, *, redis: Redis, state: StateStore, store: ArtifactStore) -> dict[str, Any]:
     """Run a session the environment broke again, as its next attempt; keep this attempt's verdict on disk only."""
     store.put_verdict(verdict)
-    state.set_task_state(job.evaluation_id, job.task_index, TaskState.QUEUED)
+    state.reopen_task(job.evaluation_id, job.task_index, job.attempt + 1)
     session = SessionJob(evaluation_id=job.evaluation_id, task_index=job.task_index, attempt=job.attempt + 1)
     enqueue(
         redis,
@@ -119,6 +127,7 @@ def grade_session(payload: dict[str, Any]) -> dict[str, Any]:
         suite = load_suite(settings.require_suite())
         store = ArtifactStore(settings.ARTIFACT_ROOT)
         runner = sandbox_runner(job, suite, store, image=settings.SANDBOX_IMAGE, timeout_s=settings.GRADING_TIMEOUT_S)
-        return grade_and_record(job, redis=redis, suite=suite, store=store, run_files=runner)
+        egress = EgressPolicy.parse(settings.EGRESS_ALLOWLIST)
+        return grade_and_record(job, redis=redis, suite=suite, store=store, run_files=runner, egress=egress)
     finally:
         redis.close()

@@ -8,11 +8,13 @@ the judge as "no trajectory", as PyBench does. A judge that fails or answers out
 
 from pathlib import Path
 
+import httpx
 from pydantic import SecretStr
 
-from grader.judge import Judge, Judgment, load_reference
+from grader.judge import Judge, Judgment, load_reference, prompt_hash
 from services.errors import SuiteError, TaskNotFoundError
 from services.evaluation import JudgeConfig
+from services.netguard import EgressPolicy, EgressRefusedError, pinned_transport
 from services.task import Task
 from services.trajectory import Trajectory
 from services.verdict import JudgeOutcome
@@ -37,14 +39,43 @@ def outcome_of(judgment: Judgment) -> JudgeOutcome:
 
 
 def judge_session(
-    config: JudgeConfig, api_key: str | None, task: Task, trajectory: Trajectory, suite_root: Path, **options: float
+    config: JudgeConfig,
+    api_key: str | None,
+    task: Task,
+    trajectory: Trajectory,
+    suite_root: Path,
+    policy: EgressPolicy,
+    **options: float,
 ) -> JudgeOutcome:
     """Judge one session under ``config``. ``options`` go to ``grader.judge.Judge`` (timeouts, backoff).
 
-    Never raises for the endpoint's failures (they come back as an ``error`` outcome).
+    Connections go only where ``policy`` permits, pinned to the address checked. Never raises for the
+    endpoint's failures, a refused endpoint included (they come back as an ``error`` outcome).
     """
+    try:
+        return _judge(config, api_key, task, trajectory, suite_root, pinned_transport(policy), **options)
+    except EgressRefusedError as exc:
+        return JudgeOutcome(
+            mode=config.mode,
+            status="error",
+            reason=f"judge endpoint refused: {exc}",
+            judge_model=config.endpoint.model,
+            prompt_hash=prompt_hash(config.mode),
+        )
+
+
+def _judge(
+    config: JudgeConfig,
+    api_key: str | None,
+    task: Task,
+    trajectory: Trajectory,
+    suite_root: Path,
+    transport: httpx.BaseTransport,
+    **options: float,
+) -> JudgeOutcome:
     key = SecretStr(api_key) if api_key else None
-    with Judge(config.endpoint.base_url, config.endpoint.model, api_key=key, **options) as judge:  # type: ignore[arg-type]
+    judge = Judge(config.endpoint.base_url, config.endpoint.model, api_key=key, transport=transport, **options)  # type: ignore[arg-type]
+    with judge:
         if config.mode == "pairwise":
             try:
                 reference = load_reference(suite_root / RECORDINGS, task.index).messages

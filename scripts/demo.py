@@ -5,6 +5,7 @@ The replay model (service ``replay`` of the compose stack) answers with the suit
 """
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,9 +21,12 @@ def main() -> int:
     parser.add_argument("--tasks", default="13,16,30,44,77,90,103,112,121,134,135", help="comma-separated task indices")
     parser.add_argument("--model-url", default="http://replay:8000/v1", help="as the executor reaches it")
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument(
+        "--key-env", default="PBE_ADMIN_KEY", help="the environment variable that holds this service's API key"
+    )
     args = parser.parse_args()
     tasks = [int(t) for t in args.tasks.split(",") if t.strip()]
-    client = GatewayClient(args.gateway)
+    client = GatewayClient(args.gateway, api_key=os.environ.get(args.key_env))
     started = time.monotonic()
     view = client.submit(
         {"model": {"base_url": args.model_url, "model": "pybench-replay"}, "tasks": tasks, "prompt": "gpt"}

@@ -90,6 +90,7 @@ class EvaluationStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     COMPLETED = "completed"
+    CANCELLED = "cancelled"
 
 
 class TaskState(StrEnum):
@@ -100,10 +101,12 @@ class TaskState(StrEnum):
     GRADING = "grading"
     DONE = "done"
     UNAVAILABLE = "unavailable"
+    CANCELLED = "cancelled"
+    """The evaluation was cancelled before the task's session started."""
 
     @property
     def finished(self) -> bool:
-        return self in (TaskState.DONE, TaskState.UNAVAILABLE)
+        return self in (TaskState.DONE, TaskState.UNAVAILABLE, TaskState.CANCELLED)
 
 
 class Evaluation(BaseModel):
@@ -111,6 +114,8 @@ class Evaluation(BaseModel):
 
     id: str
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    owner: str = ""
+    """The id of the API key that submitted it (``admin`` for the operator's bootstrap key)."""
     model: ModelEndpoint
     has_api_key: bool = False
     suite: str
@@ -141,3 +146,11 @@ class EvaluationView(BaseModel):
     evaluation: Evaluation
     status: EvaluationStatus
     progress: Progress
+
+
+class EvaluationPage(BaseModel):
+    """One page of ``GET /v1/evaluations``, newest first."""
+
+    items: list[EvaluationView]
+    next_cursor: str | None = None
+    """Pass as ``cursor`` for the next page; None on the last page."""

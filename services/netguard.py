@@ -37,7 +37,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeAlias
 
 import httpx
@@ -215,14 +215,8 @@ class CheckedTarget:
     """Every address the host resolved to, in the resolver's order; the host's own address for a literal."""
     is_literal: bool = False
     """The host is an IP address, not a name."""
-    allowed_by: str | None = field(default=None)
+    allowed_by: str | None = None
     """The allowlist entry that permitted the host by name, if one did."""
-
-    @property
-    def origin(self) -> str:
-        """``scheme://host:port``, safe to show (no path, query or credentials)."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}"
 
 
 def resolve_host(host: str, port: int) -> list[str]:
@@ -271,7 +265,7 @@ def check_url(url: str | httpx.URL, policy: EgressPolicy, resolver: Resolver = r
     literal = _literal_address(raw_host, where)
     if literal is not None:
         if policy.match_address(literal) is None:
-            _refuse_address(where, raw_host, literal)
+            _refuse_address(where, literal)
         return CheckedTarget(str(parsed), scheme, str(literal), port, (literal,), is_literal=True)
 
     name = raw_host.removesuffix(".")
@@ -288,7 +282,7 @@ def check_url(url: str | httpx.URL, policy: EgressPolicy, resolver: Resolver = r
     if allowed_by is None:
         for address in addresses:
             if policy.match_address(address) is None:
-                _refuse_address(where, name, address)
+                _refuse_address(where, address, name)
     return CheckedTarget(str(parsed), scheme, name, port, addresses, allowed_by=allowed_by)
 
 
@@ -331,11 +325,14 @@ class PinnedTransport(httpx.BaseTransport):
         inner: httpx.BaseTransport | None = None,
         verify: ssl.SSLContext | bool = True,
     ) -> None:
-        """Args:
-        policy: the operator's allowlist.
-        resolver: ``(host, port) -> addresses``, called once per request.
-        inner: the transport that sends the pinned requests; by default an ``httpx.HTTPTransport`` per host.
-        verify: TLS verification of the default transports (an ``ssl.SSLContext`` for a private CA).
+        """Make the transport.
+
+        Args:
+            policy: the operator's allowlist.
+            resolver: ``(host, port) -> addresses``, called once per request.
+            inner: the transport that sends the pinned requests (it is closed with this one); by default an
+                ``httpx.HTTPTransport`` per host name.
+            verify: TLS verification of the default transports (an ``ssl.SSLContext`` for a private CA).
         """
         self.policy = policy
         self._resolver = resolver
@@ -357,14 +354,13 @@ class PinnedTransport(httpx.BaseTransport):
         except UnresolvableHostError as exc:
             raise httpx.ConnectError(str(exc), request=request) from exc
         transport = self._transport_for(target.host)
-        failure: httpx.ConnectError | None = None
-        for address in target.addresses:
+        *first, last = target.addresses
+        for address in first:
             try:
                 return transport.handle_request(_pin(request, target, address))
-            except httpx.ConnectError as exc:
-                failure = exc
-        assert failure is not None  # check_url returns at least one address
-        raise failure
+            except httpx.ConnectError:
+                continue
+        return transport.handle_request(_pin(request, target, last))
 
     def close(self) -> None:
         with self._lock:
@@ -416,8 +412,13 @@ def _parse(text: str) -> httpx.URL:
             "such as https://api.example.com/v1"
         )
     scheme, sep, rest = text.partition("://")
-    if not sep or scheme.lower() not in ALLOWED_SCHEMES:
-        shown = scheme.lower() if sep and scheme.isascii() and scheme.isalnum() else "no http(s)"
+    if not sep:
+        raise EgressRefusedError(
+            "refused a URL that does not start with http:// or https://: only http and https URLs are accepted, "
+            "such as https://api.example.com/v1"
+        )
+    if scheme.lower() not in ALLOWED_SCHEMES:
+        shown = scheme.lower() if scheme.isascii() and scheme.isalnum() else "?"
         raise EgressRefusedError(
             f"refused a URL with scheme {shown!r}: only http and https URLs are accepted, "
             "such as https://api.example.com/v1"
@@ -425,8 +426,7 @@ def _parse(text: str) -> httpx.URL:
     authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
     if "@" in authority:
         raise EgressRefusedError(
-            "refused a URL with user information (user:password@): pass credentials as the API key, "
-            "never in the URL"
+            "refused a URL with user information (user:password@): pass credentials as the API key, never in the URL"
         )
     port_text = "" if authority.endswith("]") else authority.rpartition(":")[2] if ":" in authority else ""
     if ":" in authority and not authority.endswith("]") and not _PORT.fullmatch(port_text):
@@ -530,12 +530,16 @@ def _resolve(resolver: Resolver, host: str, port: int, where: str) -> tuple[IPAd
     return tuple(addresses)
 
 
-def _refuse_address(where: str, host: str, address: IPAddress) -> None:
-    """Raises: EgressRefusedError: ``address`` is not a public address."""
+def _refuse_address(where: str, address: IPAddress, name: str | None = None) -> None:
+    """Refuse ``address`` (the host's own, or one that host name ``name`` resolved to) unless it is public.
+
+    Raises:
+        EgressRefusedError: ``address`` is not a public address.
+    """
     reason = address_refusal(address)
     if reason is None:
         return
-    via = f"{host} is" if host == str(address) else f"{host} resolves to {address},"
+    via = f"{address} is" if name is None else f"{name} resolves to {address},"
     raise EgressRefusedError(
         f"refused {where}: {via} {reason}; workers may only call public addresses: if this endpoint is meant "
         f"to be reached, ask the operator to add the host to {ALLOWLIST_SETTING}"

@@ -88,3 +88,17 @@ def enqueue(redis: Redis, queue: str, function: str, payload: BaseModel, *, job_
         result_ttl=DEFAULT_RESULT_TTL_S,
         failure_ttl=DEFAULT_RESULT_TTL_S,
     )
+
+
+def cancel_job(redis: Redis, job_id: str) -> bool:
+    """Cancel a queued job (a started one runs on). Returns whether a queued job was cancelled."""
+    from rq.job import Job, JobStatus
+    from rq.serializers import JSONSerializer
+
+    if not Job.exists(job_id, redis):
+        return False
+    job = Job.fetch(job_id, connection=redis, serializer=JSONSerializer)
+    if job.get_status() not in (JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED):
+        return False
+    job.cancel()
+    return True

@@ -29,12 +29,24 @@ class ServiceSettings(BaseSettings):
     REDIS_URL: str = DEFAULT_REDIS_URL
     SUITE_PATH: Path = DEFAULT_SUITE_PATH
     ARTIFACT_ROOT: Path = DEFAULT_ARTIFACT_ROOT
+    EGRESS_ALLOWLIST: str = ""
+    """Hosts (``name``, ``*.suffix``) and CIDRs that submitted model and judge endpoints may reach although
+    they are internal (e.g. ``replay`` in compose, an in-cluster vLLM service); everything else internal is
+    refused."""
 
     @field_validator("REDIS_URL")
     @classmethod
     def _redis_scheme(cls, value: str) -> str:
         if not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("PBE_REDIS_URL must start with redis://, rediss:// or unix://")
+        return value
+
+    @field_validator("EGRESS_ALLOWLIST")
+    @classmethod
+    def _allowlist(cls, value: str) -> str:
+        from services.netguard import EgressPolicy
+
+        EgressPolicy.parse(value)  # raises ValueError naming the bad entry
         return value
 
     def require_suite(self) -> Path:

@@ -58,6 +58,7 @@ class StateStore:
         pipe.set(_key(evaluation.id), evaluation.model_dump_json())
         pipe.hset(_key(evaluation.id, "tasks"), mapping=states)
         pipe.zadd("pbe:evaluations", {evaluation.id: evaluation.created_at.timestamp()})
+        pipe.zadd(f"pbe:owner:{evaluation.owner}:evaluations", {evaluation.id: evaluation.created_at.timestamp()})
         if api_key:
             pipe.set(f"pbe:secret:model-key:{evaluation.id}", api_key, ex=DEFAULT_SECRET_TTL_S)
         if judge_api_key:
@@ -99,12 +100,57 @@ class StateStore:
             counts[state] += 1
         return Progress(total=len(states), counts=counts)
 
-    def status(self, progress: Progress) -> EvaluationStatus:
+    def status(self, progress: Progress, evaluation_id: str | None = None) -> EvaluationStatus:
+        """Where the evaluation stands, given its progress (and its id, to tell a cancelled one)."""
+        if evaluation_id is not None and self.cancelled(evaluation_id):
+            return EvaluationStatus.CANCELLED
         if progress.finished == progress.total:
             return EvaluationStatus.COMPLETED
         if progress.counts[TaskState.QUEUED] + progress.counts[TaskState.UNAVAILABLE] == progress.total:
             return EvaluationStatus.QUEUED
         return EvaluationStatus.RUNNING
+
+    def cancel(self, evaluation_id: str) -> list[int]:
+        """Mark the evaluation cancelled and its queued tasks ``cancelled``; returns those tasks.
+
+        Sessions already running finish and are graded; executors skip a cancelled evaluation's queued jobs.
+        """
+        self.redis.set(_key(evaluation_id, "cancelled"), "1")
+        queued = [index for index, state in self.task_states(evaluation_id).items() if state is TaskState.QUEUED]
+        if queued:
+            self.redis.hset(_key(evaluation_id, "tasks"), mapping={str(i): TaskState.CANCELLED.value for i in queued})
+        return queued
+
+    def cancelled(self, evaluation_id: str) -> bool:
+        return bool(self.redis.exists(_key(evaluation_id, "cancelled")))
+
+    def task_attempt(self, evaluation_id: str, task_index: int) -> int:
+        """The attempt the task is at (1 until it is run again)."""
+        raw = self.redis.hget(_key(evaluation_id, "attempts"), str(task_index))
+        return int(raw) if raw else 1
+
+    def set_task_attempt(self, evaluation_id: str, task_index: int, attempt: int) -> None:
+        self.redis.hset(_key(evaluation_id, "attempts"), str(task_index), str(attempt))
+
+    def reopen_task(self, evaluation_id: str, task_index: int, attempt: int) -> None:
+        """Queue a task again as ``attempt``: its verdict is dropped, its state ``queued``."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hdel(_key(evaluation_id, "verdicts"), str(task_index))
+        pipe.hset(_key(evaluation_id, "tasks"), str(task_index), TaskState.QUEUED.value)
+        pipe.hset(_key(evaluation_id, "attempts"), str(task_index), str(attempt))
+        pipe.execute()
+
+    def evaluation_ids(self, owner: str | None, *, limit: int, before: float | None = None) -> list[tuple[str, float]]:
+        """Evaluation ids with their creation times, newest first, older than ``before`` (a timestamp);
+        ``owner`` None for every owner's."""
+        index = "pbe:evaluations" if owner is None else f"pbe:owner:{owner}:evaluations"
+        high = f"({before}" if before is not None else "+inf"
+        rows = self.redis.zrevrangebyscore(index, high, "-inf", start=0, num=limit, withscores=True)
+        found: list[tuple[str, float]] = []
+        for row in rows:
+            member, score = row[0], row[1]
+            found.append((member.decode() if isinstance(member, bytes) else str(member), float(score)))
+        return found
 
     def put_verdict(self, verdict: Verdict) -> None:
         """Record a task's verdict and mark the task done, in one transaction (idempotent per task)."""

@@ -105,6 +105,22 @@ class ArtifactStore:
         path = self.attempt_dir(verdict.evaluation_id, verdict.task_index, verdict.attempt) / "verdict.json"
         self._write(path, verdict.model_dump_json(indent=1).encode())
 
+    def evaluation_ids(self) -> list[str]:
+        """The ids of every evaluation stored (each has its ``evaluation.json``)."""
+        base = self.root / "evaluations"
+        if not base.is_dir():
+            return []
+        return sorted(p.parent.name for p in base.glob("*/evaluation.json") if _ID.match(p.parent.name))
+
+    def latest_verdict(self, evaluation_id: str, task_index: int) -> Verdict | None:
+        """The verdict of the task's latest graded attempt, or None."""
+        base = self.evaluation_dir(evaluation_id) / "tasks" / str(int(task_index))
+        found = sorted(base.glob("attempt-*/verdict.json"), key=lambda p: int(p.parent.name.removeprefix("attempt-")))
+        return Verdict.model_validate_json(found[-1].read_bytes()) if found else None
+
+    def has_trajectory(self, evaluation_id: str, task_index: int, attempt: int) -> bool:
+        return (self.attempt_dir(evaluation_id, task_index, attempt) / "trajectory.json").is_file()
+
     def put_results(self, results: Results) -> None:
         self._write(
             self.evaluation_dir(results.evaluation_id) / "results.json", results.model_dump_json(indent=1).encode()

@@ -2,6 +2,7 @@
 the replay model, are graded, and leave no sandbox behind."""
 
 import os
+import secrets
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,8 @@ Task 79's check (image_size) opens the produced image: it runs in a grading sand
 
 RUN = [t for t in TASKS if t != 13]
 
+ADMIN_KEY = "pbe-e2e-admin-" + secrets.token_urlsafe(16)
+
 
 def compose(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -41,11 +44,12 @@ def gateway(suite_path: Path) -> Iterator[GatewayClient]:
         "PBE_SUITE_DIR": str(suite_path.resolve()),
         "DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid),
         "PBE_EXECUTORS": "2",
+        "PBE_ADMIN_KEY": ADMIN_KEY,
     }
     up = compose(env, "up", "-d", "--no-build", "--wait", "--wait-timeout", "180")
     try:
         assert up.returncode == 0, up.stderr + compose(env, "logs", "--tail", "50").stdout
-        client = GatewayClient(f"http://127.0.0.1:{port}")
+        client = GatewayClient(f"http://127.0.0.1:{port}", api_key=ADMIN_KEY)
         yield client
         client.close()
     finally:

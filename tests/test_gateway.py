@@ -12,18 +12,55 @@ from rq.serializers import JSONSerializer
 
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
+from services.apikeys import ApiKeyStore
 from services.queues import SESSIONS_QUEUE
+from services.state import StateStore
+from services.store import ArtifactStore
+from services.verdict import Verdict, VerdictStatus
 
 CANARY_KEY = "sk-canary-4f1d2a9e7b"
 JUDGE_CANARY_KEY = "sk-judge-canary-8c2e"
 BODY = {"model": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}, "tasks": [7, 13, 16], "prompt": "gpt"}
 
 
+ADMIN_KEY = "pbe-test-admin-key-0f3a9c"
+
+
+def gateway_settings(redis_url: str, suite_path: Path, tmp_path: Path, **overrides: object) -> GatewaySettings:
+    values: dict[str, object] = {
+        "REDIS_URL": redis_url,
+        "SUITE_PATH": suite_path,
+        "ARTIFACT_ROOT": tmp_path,
+        "ADMIN_KEY": ADMIN_KEY,
+        "EGRESS_ALLOWLIST": "127.0.0.1",
+        "RECONCILE_INTERVAL_S": 0,
+    }
+    return GatewaySettings(**(values | overrides))  # type: ignore[arg-type]
+
+
 @pytest.fixture()
-def api(redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path) -> Iterator[httpx.Client]:
-    settings = GatewaySettings(REDIS_URL=redis_url, SUITE_PATH=suite_path, ARTIFACT_ROOT=tmp_path)
-    with TestClient(create_app(settings)) as client:
+def app_settings(redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path) -> GatewaySettings:
+    return gateway_settings(redis_url, suite_path, tmp_path)
+
+
+@pytest.fixture()
+def anonymous(app_settings: GatewaySettings) -> Iterator[httpx.Client]:
+    with TestClient(create_app(app_settings)) as client:
         yield client
+
+
+@pytest.fixture()
+def api(anonymous: httpx.Client) -> httpx.Client:
+    """The admin's client."""
+    anonymous.headers["Authorization"] = f"Bearer {ADMIN_KEY}"
+    return anonymous
+
+
+def user_client(settings: GatewaySettings, redis_client: Redis, name: str) -> TestClient:
+    _, plain = ApiKeyStore(redis_client).create(name)
+    client = TestClient(create_app(settings))
+    client.headers["Authorization"] = f"Bearer {plain}"
+    return client
 
 
 def test_submission_is_stored_and_one_session_per_available_task_is_enqueued(
@@ -38,7 +75,15 @@ def test_submission_is_stored_and_one_session_per_available_task_is_enqueued(
     assert view["evaluation"]["unavailable_tasks"] == [13]
     assert view["evaluation"]["has_api_key"] is True and view["evaluation"]["has_judge_api_key"] is True
     assert view["evaluation"]["judge"] == judge
-    assert view["progress"]["counts"] == {"queued": 2, "running": 0, "grading": 0, "done": 0, "unavailable": 1}
+    assert view["progress"]["counts"] == {
+        "queued": 2,
+        "running": 0,
+        "grading": 0,
+        "done": 0,
+        "unavailable": 1,
+        "cancelled": 0,
+    }
+    assert view["evaluation"]["owner"] == "admin"
     assert (tmp_path / "evaluations" / evaluation_id / "evaluation.json").is_file()
     queue = Queue(SESSIONS_QUEUE, connection=redis_client, serializer=JSONSerializer)
     assert queue.job_ids == [f"pbe-session-{evaluation_id}-7-a1", f"pbe-session-{evaluation_id}-16-a1"]
@@ -111,3 +156,178 @@ def test_suites_list_the_unavailable_tasks(api: httpx.Client) -> None:
 
 def test_health_answers(api: httpx.Client) -> None:
     assert api.get("/health").json() == {"status": "ok"}
+
+
+def test_every_v1_route_needs_a_valid_key(anonymous: httpx.Client, redis_client: Redis) -> None:
+    for method, path in (("GET", "/v1/evaluations"), ("POST", "/v1/evaluations"), ("GET", "/v1/suites")):
+        response = anonymous.request(method, path, json=BODY if method == "POST" else None)
+        assert response.status_code == 401 and response.headers["www-authenticate"].startswith("Bearer")
+        assert "gateway.keys create" in response.json()["detail"]
+    anonymous.headers["Authorization"] = "Bearer pbe_000000000000_" + "x" * 43
+    assert anonymous.get("/v1/evaluations").status_code == 401
+    key, plain = ApiKeyStore(redis_client).create("carol")
+    anonymous.headers["Authorization"] = f"Bearer {plain}"
+    assert anonymous.get("/v1/evaluations").status_code == 200
+    ApiKeyStore(redis_client).revoke(key.id)
+    assert anonymous.get("/v1/evaluations").status_code == 401
+    assert anonymous.get("/health").status_code == 200  # health needs no key
+    stored = redis_client.hgetall(f"pbe:apikey:{key.id}")
+    assert plain.encode() not in b"".join(stored.values()) and plain.split("_")[-1].encode() not in b"".join(
+        stored.values()
+    )
+
+
+def test_a_key_sees_only_its_own_evaluations_and_an_admin_sees_all(
+    app_settings: GatewaySettings, api: httpx.Client, redis_client: Redis, tmp_path: Path
+) -> None:
+    with (
+        user_client(app_settings, redis_client, "alice") as alice,
+        user_client(app_settings, redis_client, "bob") as bob,
+    ):
+        mine = alice.post("/v1/evaluations", json=BODY).json()["evaluation"]["id"]
+        store = ArtifactStore(tmp_path)
+        store.put_output_file(mine, 7, 1, "secret.csv", b"alice's data")
+        for path in ("", "/results", "/tasks", "/tasks/7/files", "/tasks/7/files/secret.csv", "/events"):
+            response = bob.get(f"/v1/evaluations/{mine}{path}")
+            assert response.status_code == 404, path
+            assert response.json()["detail"] == f"no evaluation {mine!r}; list yours with GET /v1/evaluations"
+        assert bob.post(f"/v1/evaluations/{mine}/cancel").status_code == 404
+        assert bob.get("/v1/evaluations").json()["items"] == []
+        assert [v["evaluation"]["id"] for v in alice.get("/v1/evaluations").json()["items"]] == [mine]
+        assert alice.get(f"/v1/evaluations/{mine}/tasks/7/files").json() == ["./output/secret.csv"]
+        assert alice.get(f"/v1/evaluations/{mine}/tasks/7/files/secret.csv").content == b"alice's data"
+        assert alice.get(f"/v1/evaluations/{mine}/tasks/7/files/..%2F..%2Fevaluation.json").status_code == 404
+        theirs = bob.post("/v1/evaluations", json=BODY).json()["evaluation"]["id"]
+    listed = {v["evaluation"]["id"] for v in api.get("/v1/evaluations").json()["items"]}
+    assert listed == {mine, theirs}
+
+
+def test_evaluations_are_listed_a_page_at_a_time_with_filters(api: httpx.Client) -> None:
+    made = [api.post("/v1/evaluations", json={**BODY, "tasks": [7]}).json()["evaluation"]["id"] for _ in range(5)]
+    other = {**BODY, "model": {"base_url": "http://127.0.0.1:9/v1", "model": "other"}, "tasks": [7]}
+    odd = api.post("/v1/evaluations", json=other).json()["evaluation"]["id"]
+    first = api.get("/v1/evaluations", params={"limit": 4}).json()
+    second = api.get("/v1/evaluations", params={"limit": 4, "cursor": first["next_cursor"]}).json()
+    ids = [v["evaluation"]["id"] for v in first["items"] + second["items"]]
+    assert ids == [odd, *reversed(made)] and second["next_cursor"] is None
+    only = api.get("/v1/evaluations", params={"model": "other"}).json()["items"]
+    assert [v["evaluation"]["id"] for v in only] == [odd]
+    assert api.get("/v1/evaluations", params={"status": "completed"}).json()["items"] == []
+    assert api.get("/v1/evaluations", params={"limit": 0}).status_code == 422
+
+
+def test_a_repeated_post_with_an_idempotency_key_returns_the_same_evaluation(
+    api: httpx.Client, redis_client: Redis
+) -> None:
+    headers = {"Idempotency-Key": "retry-after-timeout-1"}
+    first = api.post("/v1/evaluations", json=BODY, headers=headers)
+    again = api.post("/v1/evaluations", json=BODY, headers=headers)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["evaluation"]["id"] == again.json()["evaluation"]["id"]
+    assert Queue(SESSIONS_QUEUE, connection=redis_client, serializer=JSONSerializer).count == 2  # not 4
+    other = api.post("/v1/evaluations", json={**BODY, "tasks": [7]}, headers=headers)
+    assert other.status_code == 422 and "another body" in other.json()["detail"]
+    fresh = api.post("/v1/evaluations", json=BODY, headers={"Idempotency-Key": "another"})
+    assert fresh.status_code == 201 and fresh.json()["evaluation"]["id"] != first.json()["evaluation"]["id"]
+
+
+def test_cancelling_removes_the_queued_sessions_and_retry_reruns_failed_tasks(
+    api: httpx.Client, redis_client: Redis
+) -> None:
+    evaluation_id = api.post("/v1/evaluations", json=BODY).json()["evaluation"]["id"]
+    queue = Queue(SESSIONS_QUEUE, connection=redis_client, serializer=JSONSerializer)
+    assert queue.count == 2
+    view = api.post(f"/v1/evaluations/{evaluation_id}/cancel").json()
+    assert view["status"] == "cancelled" and view["progress"]["counts"]["cancelled"] == 2
+    assert queue.count == 0
+    assert api.post(f"/v1/evaluations/{evaluation_id}/retry").status_code == 409
+    # A task that failed runs again as its next attempt.
+    second = api.post("/v1/evaluations", json=BODY).json()["evaluation"]["id"]
+    state = StateStore(redis_client)
+    state.put_verdict(
+        Verdict(evaluation_id=second, task_index=7, attempt=1, paper_category="Chart", status=VerdictStatus.INFRA_ERROR)
+    )
+    refused = api.post(f"/v1/evaluations/{second}/retry", json={"tasks": [16]})
+    assert refused.status_code == 409 and "[7]" in refused.json()["detail"]
+    retried = api.post(f"/v1/evaluations/{second}/retry").json()
+    assert retried["progress"]["counts"]["queued"] == 2 and state.task_attempt(second, 7) == 2
+    assert f"pbe-session-{second}-7-a2" in queue.job_ids
+
+
+def test_past_its_rate_a_key_gets_429_with_retry_after(
+    redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path
+) -> None:
+    settings = gateway_settings(redis_url, suite_path, tmp_path, RATE_LIMIT_PER_MINUTE=3)
+    with user_client(settings, redis_client, "eager") as eager, user_client(settings, redis_client, "calm") as calm:
+        statuses = [eager.get("/v1/evaluations").status_code for _ in range(4)]
+        assert statuses == [200, 200, 200, 429]
+        limited = eager.get("/v1/evaluations")
+        assert 1 <= int(limited.headers["retry-after"]) <= 61 and "3 requests a minute" in limited.json()["detail"]
+        assert calm.get("/v1/evaluations").status_code == 200  # the limit is per key
+
+
+def test_sessions_in_flight_per_key_and_the_global_queue_are_capped(
+    redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path
+) -> None:
+    settings = gateway_settings(redis_url, suite_path, tmp_path, MAX_SESSIONS_PER_KEY=3)
+    with user_client(settings, redis_client, "busy") as busy:
+        assert busy.post("/v1/evaluations", json=BODY).status_code == 201  # 2 sessions
+        capped = busy.post("/v1/evaluations", json=BODY)
+        assert capped.status_code == 429 and "2 task sessions" in capped.json()["detail"]
+    full = gateway_settings(redis_url, suite_path, tmp_path, MAX_QUEUED_SESSIONS=3)
+    with user_client(full, redis_client, "late") as late:
+        refused = late.post("/v1/evaluations", json=BODY)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "120"
+
+
+@pytest.mark.parametrize(
+    "base_url",
+    [
+        "http://169.254.169.254/latest/meta-data",
+        "http://10.0.0.7:8000/v1",
+        "http://[::1]:8000/v1",
+        "http://127.0.0.2:8000/v1",
+        "http://0x7f000001/v1",
+        "http://user:pw@127.0.0.1:8000/v1",
+    ],
+)
+def test_internal_endpoints_are_refused_at_submission(api: httpx.Client, redis_client: Redis, base_url: str) -> None:
+    response = api.post("/v1/evaluations", json={**BODY, "model": {"base_url": base_url, "model": "m"}})
+    assert response.status_code == 422, response.text
+    assert "model.base_url" in response.json()["detail"]
+    assert Queue(SESSIONS_QUEUE, connection=redis_client, serializer=JSONSerializer).count == 0
+    judge = {"endpoint": {"base_url": base_url, "model": "j"}}
+    refused = api.post("/v1/evaluations", json={**BODY, "judge": judge})
+    assert refused.status_code == 422 and "judge.endpoint.base_url" in refused.json()["detail"]
+
+
+def test_the_leaderboard_ranks_completed_evaluations_per_model(api: httpx.Client, redis_client: Redis) -> None:
+    state = StateStore(redis_client)
+    made = []
+    for passed in (True, False):
+        evaluation_id = api.post("/v1/evaluations", json={**BODY, "tasks": [7]}).json()["evaluation"]["id"]
+        status = VerdictStatus.PASSED if passed else VerdictStatus.FAILED
+        state.put_verdict(
+            Verdict(evaluation_id=evaluation_id, task_index=7, attempt=1, paper_category="Chart", status=status)
+        )
+        made.append(evaluation_id)
+    api.post("/v1/evaluations", json={**BODY, "tasks": [7]})  # still queued: not on the board
+    (row,) = api.get("/v1/leaderboard").json()
+    assert row["model"] == "m" and row["evaluations"] == 2
+    assert row["best"]["evaluation_id"] == made[0] and row["best"]["pass_rate"] == 1.0
+    assert row["latest"]["evaluation_id"] == made[1]
+
+
+def test_progress_streams_as_server_sent_events_until_the_end(api: httpx.Client, redis_client: Redis) -> None:
+    evaluation_id = api.post("/v1/evaluations", json={**BODY, "tasks": [7]}).json()["evaluation"]["id"]
+    StateStore(redis_client).put_verdict(
+        Verdict(
+            evaluation_id=evaluation_id, task_index=7, attempt=1, paper_category="Chart", status=VerdictStatus.PASSED
+        )
+    )
+    with api.stream("GET", f"/v1/evaluations/{evaluation_id}/events") as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        text = "".join(response.iter_text())
+    names = [line.removeprefix("event: ") for line in text.splitlines() if line.startswith("event: ")]
+    assert names == ["progress", "verdict", "end"]
+    assert '"status": "completed"' in text

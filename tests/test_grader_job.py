@@ -9,6 +9,7 @@ from rq.serializers import JSONSerializer
 
 from grader.jobs import grade_and_record
 from services.evaluation import Evaluation, JudgeConfig, ModelEndpoint, Sampling, TaskState
+from services.netguard import EgressPolicy
 from services.queues import MAX_SESSION_ATTEMPTS, SESSIONS_QUEUE, GradeJob
 from services.state import StateStore
 from services.store import ArtifactStore
@@ -71,6 +72,9 @@ def test_verdicts_are_recorded_and_results_written_once_every_task_is_graded(
     assert len(state.verdicts(evaluation.id)) == 2
 
 
+LOOPBACK = EgressPolicy.parse("127.0.0.1")
+
+
 def test_an_evaluation_with_a_judge_gets_each_session_judged_with_the_key_from_the_secret_store(
     redis_client: Redis, suite_path: Path, tmp_path: Path
 ) -> None:
@@ -109,7 +113,7 @@ def test_an_evaluation_with_a_judge_gets_each_session_judged_with_the_key_from_t
         options = {"retries": 0, "backoff_s": 0.001}
         for index in (134, 44):
             job = GradeJob(evaluation_id=evaluation.id, task_index=index)
-            grade_and_record(job, redis=redis_client, suite=suite, store=store, judge_options=options)
+            grade_and_record(job, redis=redis_client, suite=suite, store=store, judge_options=options, egress=LOOPBACK)
     assert [r.headers.get("authorization") for r in server.requests] == [f"Bearer {canary}"] * 2
     verdicts = {v.task_index: v for v in state.verdicts(evaluation.id)}
     judged, unparseable = verdicts[134].judgment, verdicts[44].judgment
@@ -123,6 +127,14 @@ def test_an_evaluation_with_a_judge_gets_each_session_judged_with_the_key_from_t
     assert metrics["llm"]["pass_rate"] == 0.5  # the unparseable judgment stays in the denominator
     # Task 134 (tests fail, judge passes) and task 44 (tests pass, judge could not say) disagree.
     assert metrics["llm"]["agreement"]["all"]["disagreeing"] == [44, 134]
+    # Without the operator's allowlist, the loopback judge is refused before any connection: an error outcome.
+    before = len(server.requests)
+    grade_and_record(
+        GradeJob(evaluation_id=evaluation.id, task_index=134), redis=redis_client, suite=suite, store=store
+    )
+    refused = {v.task_index: v for v in state.verdicts(evaluation.id)}[134].judgment
+    assert refused is not None and refused.status == "error" and "refused" in refused.reason
+    assert len(server.requests) == before
 
 
 def test_a_session_the_environment_broke_is_run_again_and_only_its_last_attempt_is_recorded(

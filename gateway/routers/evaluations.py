@@ -1,22 +1,38 @@
 """Evaluations: submit one, follow its progress, read its verdicts, metrics and trajectories."""
 
-import uuid
+from typing import Annotated
 
-from fastapi import APIRouter, status
-from pydantic import BaseModel
+from fastapi import APIRouter, Header, Query, Response, status
+from fastapi.responses import FileResponse, StreamingResponse
+from pydantic import BaseModel, Field
+from redis import Redis
 
+from gateway import events, idempotency, limits
+from gateway.auth import Caller
 from gateway.deps import RedisDep, SettingsDep, StateDep, StoreDep, SuiteDep
+from gateway.egress import check_endpoints
 from gateway.problems import Problem
-from services.evaluation import Evaluation, EvaluationCreate, EvaluationView, TaskState
+from services.apikeys import ApiKey
+from services.errors import ArtifactNotFoundError, TaskNotFoundError
+from services.evaluation import (
+    Evaluation,
+    EvaluationCreate,
+    EvaluationPage,
+    EvaluationStatus,
+    EvaluationView,
+    TaskState,
+)
 from services.metrics import build_results
 from services.queues import (
     DEFAULT_SESSION_JOB_TIMEOUT_S,
     RUN_SESSION_JOB,
     SESSIONS_QUEUE,
     SessionJob,
+    cancel_job,
     enqueue,
     session_job_id,
 )
+from services.state import EvaluationNotFoundError, StateStore
 from services.suite import Suite
 from services.trajectory import Trajectory
 from services.verdict import Results, Verdict, VerdictStatus
@@ -68,13 +84,23 @@ def _unavailable_verdict(evaluation_id: str, suite: Suite, index: int) -> Verdic
     status_code=status.HTTP_201_CREATED,
     operation_id="create_evaluation",
     summary="Submit a model endpoint for evaluation on a suite",
+    responses={200: {"description": "A repeated submission with the same Idempotency-Key: the same evaluation"}},
 )
 def create_evaluation(
-    body: EvaluationCreate, settings: SettingsDep, suite: SuiteDep, state: StateDep, store: StoreDep, redis: RedisDep
+    body: EvaluationCreate,
+    caller: Caller,
+    settings: SettingsDep,
+    suite: SuiteDep,
+    state: StateDep,
+    store: StoreDep,
+    redis: RedisDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> EvaluationView:
     """Store the evaluation durably, then enqueue one session per available task.
 
-    Tasks whose input files are missing from the suite are reported ``unavailable`` and not run.
+    Tasks whose input files are missing from the suite are reported ``unavailable`` and not run. With an
+    ``Idempotency-Key`` header, a repeated submission returns the evaluation the first one made.
     """
     if body.suite != suite.name:
         raise Problem(422, "Unknown suite", f"no suite {body.suite!r}; this service offers {suite.name!r}")
@@ -85,66 +111,178 @@ def create_evaluation(
             f"suite {suite.name!r} has no prompt {body.prompt!r}; use one of: " + ", ".join(suite.prompts()),
         )
     indices = _selected_tasks(body, suite)
-    evaluation = Evaluation(
-        id=uuid.uuid4().hex[:20],
-        model=body.model,
-        has_api_key=body.api_key is not None,
-        suite=suite.name,
-        tasks=indices,
-        unavailable_tasks=[i for i in indices if not suite.task(i).available],
-        max_turns=body.max_turns,
-        cell_timeout_s=body.cell_timeout_s,
-        prompt=body.prompt,
-        sampling=body.sampling,
-        judge=body.judge,
-        has_judge_api_key=body.judge_api_key is not None,
-    )
-    store.put_evaluation(evaluation)
-    unavailable = [_unavailable_verdict(evaluation.id, suite, i) for i in evaluation.unavailable_tasks]
-    state.create(
-        evaluation,
-        body.api_key.get_secret_value() if body.api_key else None,
-        unavailable,
-        judge_api_key=body.judge_api_key.get_secret_value() if body.judge_api_key else None,
-    )
-    for index in indices:
-        if index in evaluation.unavailable_tasks:
-            continue
-        job = SessionJob(evaluation_id=evaluation.id, task_index=index)
-        enqueue(
-            redis,
-            SESSIONS_QUEUE,
-            RUN_SESSION_JOB,
-            job,
-            job_id=session_job_id(job),
-            timeout_s=DEFAULT_SESSION_JOB_TIMEOUT_S,
+    check_endpoints(body, settings)
+    claim = idempotency.claim(redis, caller.id, idempotency_key, body, settings.IDEMPOTENCY_TTL_S)
+    if claim.existing is not None:
+        response.status_code = status.HTTP_200_OK
+        return _view(state, state.get(claim.existing))
+    try:
+        runnable = [i for i in indices if suite.task(i).available]
+        limits.check_capacity(redis, state, caller.id, len(runnable), settings)
+        evaluation = Evaluation(
+            id=claim.evaluation_id,
+            owner=caller.id,
+            model=body.model,
+            has_api_key=body.api_key is not None,
+            suite=suite.name,
+            tasks=indices,
+            unavailable_tasks=[i for i in indices if not suite.task(i).available],
+            max_turns=body.max_turns,
+            cell_timeout_s=body.cell_timeout_s,
+            prompt=body.prompt,
+            sampling=body.sampling,
+            judge=body.judge,
+            has_judge_api_key=body.judge_api_key is not None,
         )
+        store.put_evaluation(evaluation)
+        unavailable = [_unavailable_verdict(evaluation.id, suite, i) for i in evaluation.unavailable_tasks]
+        state.create(
+            evaluation,
+            body.api_key.get_secret_value() if body.api_key else None,
+            unavailable,
+            judge_api_key=body.judge_api_key.get_secret_value() if body.judge_api_key else None,
+        )
+    except BaseException:
+        idempotency.release(redis, claim)
+        raise
+    idempotency.confirm(redis, claim, settings.IDEMPOTENCY_TTL_S)
+    for index in runnable:
+        _enqueue_session(redis, SessionJob(evaluation_id=evaluation.id, task_index=index))
+    return _view(state, evaluation)
+
+
+def _enqueue_session(redis: Redis, job: SessionJob) -> None:
+    enqueue(
+        redis, SESSIONS_QUEUE, RUN_SESSION_JOB, job, job_id=session_job_id(job), timeout_s=DEFAULT_SESSION_JOB_TIMEOUT_S
+    )
+
+
+def _view(state: StateStore, evaluation: Evaluation) -> EvaluationView:
     progress = state.progress(evaluation.id)
-    return EvaluationView(evaluation=evaluation, status=state.status(progress), progress=progress)
+    return EvaluationView(evaluation=evaluation, status=state.status(progress, evaluation.id), progress=progress)
+
+
+def owned(state: StateStore, caller: ApiKey, evaluation_id: str) -> Evaluation:
+    """The evaluation, if the caller may see it.
+
+    Raises:
+        EvaluationNotFoundError: there is none, or it belongs to another key (the two are not told apart).
+    """
+    evaluation = state.get(evaluation_id)
+    if not caller.admin and evaluation.owner != caller.id:
+        raise EvaluationNotFoundError(f"no evaluation {evaluation_id!r}; list yours with GET /v1/evaluations")
+    return evaluation
+
+
+@router.get("", operation_id="list_evaluations", summary="Your evaluations, newest first, a page at a time")
+def list_evaluations(
+    caller: Caller,
+    state: StateDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: Annotated[str | None, Query(pattern=r"^[0-9]+(\.[0-9]+)?$", description="next_cursor of a page")] = None,
+    model: Annotated[str | None, Query(max_length=256, description="only this model name")] = None,
+    status_filter: Annotated[EvaluationStatus | None, Query(alias="status")] = None,
+) -> EvaluationPage:
+    items: list[EvaluationView] = []
+    before = float(cursor) if cursor is not None else None
+    owner = None if caller.admin else caller.id
+    while len(items) < limit:
+        batch = state.evaluation_ids(owner, limit=limit * 2, before=before)
+        if not batch:
+            return EvaluationPage(items=items)
+        for evaluation_id, score in batch:
+            before = score
+            view = _view(state, state.get(evaluation_id))
+            if (model is None or view.evaluation.model.model == model) and (
+                status_filter is None or view.status is status_filter
+            ):
+                items.append(view)
+                if len(items) == limit:
+                    break
+    return EvaluationPage(items=items, next_cursor=repr(before) if before is not None else None)
 
 
 @router.get("/{evaluation_id}", operation_id="get_evaluation", summary="Status and progress of an evaluation")
-def get_evaluation(evaluation_id: str, state: StateDep) -> EvaluationView:
-    evaluation = state.get(evaluation_id)
-    progress = state.progress(evaluation_id)
-    return EvaluationView(evaluation=evaluation, status=state.status(progress), progress=progress)
+def get_evaluation(evaluation_id: str, caller: Caller, state: StateDep) -> EvaluationView:
+    return _view(state, owned(state, caller, evaluation_id))
+
+
+@router.post("/{evaluation_id}/cancel", operation_id="cancel_evaluation", summary="Cancel an evaluation")
+def cancel_evaluation(evaluation_id: str, caller: Caller, state: StateDep, redis: RedisDep) -> EvaluationView:
+    """Queued tasks are cancelled (their jobs removed); running sessions finish and are graded."""
+    evaluation = owned(state, caller, evaluation_id)
+    for index in state.cancel(evaluation.id):
+        job = SessionJob(
+            evaluation_id=evaluation.id, task_index=index, attempt=state.task_attempt(evaluation.id, index)
+        )
+        cancel_job(redis, session_job_id(job))
+    return _view(state, evaluation)
+
+
+class RetryRequest(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    tasks: list[int] | None = Field(default=None, description="Tasks to run again; all failed ones when omitted.")
+
+
+@router.post(
+    "/{evaluation_id}/retry",
+    operation_id="retry_evaluation_tasks",
+    summary="Run failed tasks again (failed, infra_error or ungradable ones), as new attempts",
+)
+def retry_tasks(
+    evaluation_id: str, caller: Caller, state: StateDep, redis: RedisDep, body: RetryRequest | None = None
+) -> EvaluationView:
+    evaluation = owned(state, caller, evaluation_id)
+    if state.cancelled(evaluation.id):
+        raise Problem(409, "Evaluation cancelled", "a cancelled evaluation is not run again; submit a new one")
+    retryable = (VerdictStatus.FAILED, VerdictStatus.INFRA_ERROR, VerdictStatus.UNGRADABLE)
+    verdicts = {v.task_index: v for v in state.verdicts(evaluation.id)}
+    failed = sorted(i for i, v in verdicts.items() if v.status in retryable)
+    wanted = failed if body is None or body.tasks is None else body.tasks
+    refused = sorted(set(wanted) - set(failed))
+    if refused:
+        raise Problem(
+            409,
+            "Tasks not retryable",
+            f"tasks {refused} have no failed verdict (yet); retry only tasks in: {failed or 'none'}",
+        )
+    for index in wanted:
+        job = SessionJob(evaluation_id=evaluation.id, task_index=index, attempt=verdicts[index].attempt + 1)
+        state.reopen_task(evaluation.id, index, job.attempt)
+        _enqueue_session(redis, job)
+    return _view(state, evaluation)
 
 
 @router.get("/{evaluation_id}/results", operation_id="get_results", summary="Per-task verdicts and the metrics so far")
-def get_results(evaluation_id: str, state: StateDep) -> Results:
-    state.get(evaluation_id)
+def get_results(evaluation_id: str, caller: Caller, state: StateDep) -> Results:
+    owned(state, caller, evaluation_id)
     progress = state.progress(evaluation_id)
     return build_results(evaluation_id, state.verdicts(evaluation_id), progress.finished == progress.total)
 
 
 @router.get("/{evaluation_id}/tasks", operation_id="list_evaluation_tasks", summary="Every task's state")
-def list_tasks(evaluation_id: str, state: StateDep) -> list[TaskStatus]:
-    state.get(evaluation_id)
+def list_tasks(evaluation_id: str, caller: Caller, state: StateDep) -> list[TaskStatus]:
+    owned(state, caller, evaluation_id)
     verdicts = {v.task_index: v for v in state.verdicts(evaluation_id)}
     return [
         TaskStatus(index=index, state=task_state, verdict=verdicts.get(index))
         for index, task_state in sorted(state.task_states(evaluation_id).items())
     ]
+
+
+def _attempt(state: StateStore, evaluation: Evaluation, task_index: int, attempt: int | None) -> int:
+    """The attempt asked for, else the task's latest.
+
+    Raises:
+        TaskNotFoundError: the evaluation has no such task.
+    """
+    if task_index not in evaluation.tasks:
+        raise TaskNotFoundError(f"evaluation {evaluation.id} has no task {task_index}; its tasks: {evaluation.tasks}")
+    return attempt if attempt is not None else state.task_attempt(evaluation.id, task_index)
+
+
+AttemptQuery = Annotated[int | None, Query(ge=1, le=100, description="the task's latest attempt when omitted")]
 
 
 @router.get(
@@ -153,7 +291,55 @@ def list_tasks(evaluation_id: str, state: StateDep) -> list[TaskStatus]:
     summary="The trajectory of a task's session (messages in PyBench's shapes, turns, sandbox)",
 )
 def get_trajectory(
-    evaluation_id: str, task_index: int, state: StateDep, store: StoreDep, attempt: int = 1
+    evaluation_id: str, task_index: int, caller: Caller, state: StateDep, store: StoreDep, attempt: AttemptQuery = None
 ) -> Trajectory:
-    state.get(evaluation_id)
-    return store.get_trajectory(evaluation_id, task_index, attempt)
+    evaluation = owned(state, caller, evaluation_id)
+    return store.get_trajectory(evaluation_id, task_index, _attempt(state, evaluation, task_index, attempt))
+
+
+@router.get(
+    "/{evaluation_id}/tasks/{task_index}/files",
+    operation_id="list_task_files",
+    summary="The files a task's session saved under ./output",
+)
+def list_task_files(
+    evaluation_id: str, task_index: int, caller: Caller, state: StateDep, store: StoreDep, attempt: AttemptQuery = None
+) -> list[str]:
+    evaluation = owned(state, caller, evaluation_id)
+    return store.list_output_files(evaluation_id, task_index, _attempt(state, evaluation, task_index, attempt))
+
+
+@router.get(
+    "/{evaluation_id}/tasks/{task_index}/files/{name:path}",
+    operation_id="download_task_file",
+    summary="Download one file a task's session saved (name as listed, without ./output/)",
+    response_class=FileResponse,
+)
+def download_task_file(
+    evaluation_id: str,
+    task_index: int,
+    name: str,
+    caller: Caller,
+    state: StateDep,
+    store: StoreDep,
+    attempt: AttemptQuery = None,
+) -> FileResponse:
+    evaluation = owned(state, caller, evaluation_id)
+    base = store.output_dir(evaluation_id, task_index, _attempt(state, evaluation, task_index, attempt)).resolve()
+    path = (base / name.removeprefix("./").removeprefix("output/")).resolve()
+    if not path.is_relative_to(base) or not path.is_file():
+        raise ArtifactNotFoundError(
+            f"task {task_index} saved no file {name!r}; list them with GET .../tasks/{task_index}/files"
+        )
+    return FileResponse(path, media_type="application/octet-stream", filename=path.name)
+
+
+@router.get(
+    "/{evaluation_id}/events",
+    operation_id="stream_evaluation_events",
+    summary="Live progress as server-sent events: `progress` on each change, `verdict` per graded task, `end`",
+    response_class=StreamingResponse,
+)
+def stream_events(evaluation_id: str, caller: Caller, state: StateDep) -> StreamingResponse:
+    evaluation = owned(state, caller, evaluation_id)
+    return StreamingResponse(events.stream(state, evaluation.id), media_type="text/event-stream")

@@ -3,6 +3,7 @@
 from fastapi import APIRouter
 from pydantic import BaseModel
 
+from gateway.auth import Caller
 from gateway.deps import SuiteDep
 from gateway.problems import Problem
 from services.task import TaskSummary
@@ -18,7 +19,7 @@ class SuiteSummary(BaseModel):
 
 
 @router.get("", operation_id="list_suites", summary="The suites this service offers")
-def list_suites(suite: SuiteDep) -> list[SuiteSummary]:
+def list_suites(caller: Caller, suite: SuiteDep) -> list[SuiteSummary]:
     return [
         SuiteSummary(
             name=suite.name,
@@ -30,7 +31,7 @@ def list_suites(suite: SuiteDep) -> list[SuiteSummary]:
 
 
 @router.get("/{name}/tasks", operation_id="list_suite_tasks", summary="A suite's tasks and their availability")
-def list_suite_tasks(name: str, suite: SuiteDep) -> list[TaskSummary]:
+def list_suite_tasks(name: str, caller: Caller, suite: SuiteDep) -> list[TaskSummary]:
     if name != suite.name:
         raise Problem(404, "Suite not found", f"no suite {name!r}; this service offers {suite.name!r}")
     return suite.summaries()

@@ -1,0 +1,28 @@
+"""The submitted endpoints, checked before an evaluation is accepted: no request forgery through our workers.
+
+The model's and the judge's base URLs are resolved and every address checked (``services.netguard``);
+internal ones are refused unless the operator's ``PBE_EGRESS_ALLOWLIST`` names them. The workers check
+again, and pin each connection to the address they checked, when they call the endpoint.
+"""
+
+from gateway.problems import Problem
+from gateway.settings import GatewaySettings
+from services.evaluation import EvaluationCreate
+from services.netguard import EgressPolicy, EgressRefusedError, check_url
+
+
+def check_endpoints(body: EvaluationCreate, settings: GatewaySettings) -> None:
+    """Check the submission's model (and judge) endpoint.
+
+    Raises:
+        Problem: 422 naming the endpoint and why it is refused.
+    """
+    policy = EgressPolicy.parse(settings.EGRESS_ALLOWLIST)
+    endpoints = [("model.base_url", body.model.base_url)]
+    if body.judge is not None:
+        endpoints.append(("judge.endpoint.base_url", body.judge.endpoint.base_url))
+    for field, url in endpoints:
+        try:
+            check_url(url, policy)
+        except EgressRefusedError as exc:
+            raise Problem(422, "Endpoint refused", f"{field}: {exc}", field=field) from exc

@@ -1,0 +1,206 @@
+"""The reconciler: work an accepted evaluation still needs is queued again when a crash dropped it.
+
+An evaluation is written to the artifact store before its jobs are queued, and every finished session leaves
+its trajectory and verdict there, so the store can always say what remains. The reconciler:
+
+1. restores into Redis an evaluation the store has and Redis lost (Redis ran without persistence and
+   restarted): its tasks come back ``done`` with their stored verdicts, or ``queued`` (the model and judge keys
+   were in Redis only: sessions then run without them, and the log says so);
+2. for each evaluation still running, queues again the job a task waits on when no worker has it:
+   a ``queued`` or ``running`` task's session (the executor crashed, or its job was lost), a ``grading``
+   task's grading (or its session, when its trajectory never reached the store).
+
+Jobs have deterministic ids and a queued or running job is never queued twice, so running the reconciler
+again, or on two gateways at once, duplicates nothing; verdicts are written per task, so a session graded
+twice leaves one verdict. The gateway runs it every ``PBE_RECONCILE_INTERVAL_S`` seconds (one gateway at a
+time, under a Redis lock); ``python -m gateway.reconcile`` runs it once.
+"""
+
+import logging
+import sys
+import threading
+from dataclasses import dataclass, field
+
+from redis import Redis
+from redis.exceptions import RedisError
+from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
+
+from services.evaluation import TaskState
+from services.queues import (
+    DEFAULT_GRADE_JOB_TIMEOUT_S,
+    DEFAULT_SESSION_JOB_TIMEOUT_S,
+    GRADE_SESSION_JOB,
+    GRADING_QUEUE,
+    MAX_SESSION_ATTEMPTS,
+    RUN_SESSION_JOB,
+    SESSIONS_QUEUE,
+    GradeJob,
+    SessionJob,
+    enqueue,
+    grade_job_id,
+    session_job_id,
+)
+from services.state import EvaluationNotFoundError, StateStore
+from services.store import ArtifactStore
+from services.suite import Suite
+from services.verdict import Verdict, VerdictStatus
+
+log = logging.getLogger(__name__)
+
+LOCK_KEY = "pbe:reconciler:lock"
+
+_ALIVE = (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED, JobStatus.DEFERRED)
+
+
+@dataclass
+class Report:
+    """What one pass did."""
+
+    restored: list[str] = field(default_factory=list)
+    """Evaluations brought back into Redis from the store."""
+    sessions: list[str] = field(default_factory=list)
+    """Session jobs queued again (their ids)."""
+    gradings: list[str] = field(default_factory=list)
+    """Grading jobs queued again (their ids)."""
+
+
+def _alive(redis: Redis, job_id: str) -> bool:
+    """Whether a worker has the job or will take it: queued and in its queue, or started by a live worker."""
+    if not Job.exists(job_id, redis):
+        return False
+    job = Job.fetch(job_id, connection=redis, serializer=JSONSerializer)
+    status = job.get_status()
+    if status is JobStatus.QUEUED:
+        return redis.lpos(f"rq:queue:{job.origin}", job_id) is not None
+    if status is JobStatus.STARTED:
+        return bool(job.worker_name) and bool(redis.exists(f"rq:worker:{job.worker_name}"))
+    return status in _ALIVE
+
+
+def restore(state: StateStore, store: ArtifactStore, suite: Suite, evaluation_id: str) -> None:
+    """Bring an evaluation back into Redis from the store: stored verdicts as they are, other tasks queued."""
+    evaluation = store.get_evaluation(evaluation_id)
+    unavailable = [
+        Verdict(
+            evaluation_id=evaluation.id,
+            task_index=index,
+            attempt=0,
+            paper_category=suite.task(index).paper_category if index in suite.tasks else "",
+            status=VerdictStatus.UNAVAILABLE,
+            reason="input files missing from this copy of the suite",
+        )
+        for index in evaluation.unavailable_tasks
+    ]
+    state.create(evaluation, None, unavailable)
+    for index in evaluation.tasks:
+        if index in evaluation.unavailable_tasks:
+            continue
+        verdict = store.latest_verdict(evaluation.id, index)
+        if verdict is None:
+            continue
+        if verdict.status is VerdictStatus.INFRA_ERROR and verdict.attempt < MAX_SESSION_ATTEMPTS:
+            state.set_task_attempt(evaluation.id, index, verdict.attempt + 1)  # its retry was lost with Redis
+        else:
+            state.set_task_attempt(evaluation.id, index, verdict.attempt)
+            state.put_verdict(verdict)
+    if evaluation.has_api_key or evaluation.has_judge_api_key:
+        log.warning("evaluation %s was restored without its API keys (they were in Redis only)", evaluation.id)
+
+
+def reconcile(redis: Redis, store: ArtifactStore, suite: Suite) -> Report:
+    """One pass over every evaluation (see the module's description). Returns what it did."""
+    state = StateStore(redis)
+    report = Report()
+    for evaluation_id in store.evaluation_ids():
+        try:
+            state.get(evaluation_id)
+        except EvaluationNotFoundError:
+            restore(state, store, suite, evaluation_id)
+            report.restored.append(evaluation_id)
+    for evaluation_id, _ in state.evaluation_ids(None, limit=100_000):
+        if state.cancelled(evaluation_id):
+            continue
+        for index, task_state in state.task_states(evaluation_id).items():
+            attempt = state.task_attempt(evaluation_id, index)
+            session = SessionJob(evaluation_id=evaluation_id, task_index=index, attempt=attempt)
+            grading = GradeJob(evaluation_id=evaluation_id, task_index=index, attempt=attempt)
+            if task_state in (TaskState.QUEUED, TaskState.RUNNING):
+                if not _alive(redis, session_job_id(session)):
+                    _requeue_session(redis, state, session, report)
+            elif task_state is TaskState.GRADING and not _alive(redis, grade_job_id(grading)):
+                if _alive(redis, session_job_id(session)):
+                    continue  # the session is still finishing
+                if store.has_trajectory(evaluation_id, index, attempt):
+                    _drop_stale(redis, grade_job_id(grading))
+                    enqueue(
+                        redis,
+                        GRADING_QUEUE,
+                        GRADE_SESSION_JOB,
+                        grading,
+                        job_id=grade_job_id(grading),
+                        timeout_s=DEFAULT_GRADE_JOB_TIMEOUT_S,
+                    )
+                    report.gradings.append(grade_job_id(grading))
+                else:
+                    _requeue_session(redis, state, session, report)
+    return report
+
+
+def _drop_stale(redis: Redis, job_id: str) -> None:
+    """Delete the record of a job no worker has (so it can be queued again under its id)."""
+    if Job.exists(job_id, redis):
+        Job.fetch(job_id, connection=redis, serializer=JSONSerializer).delete()
+
+
+def _requeue_session(redis: Redis, state: StateStore, job: SessionJob, report: Report) -> None:
+    state.set_task_state(job.evaluation_id, job.task_index, TaskState.QUEUED)
+    _drop_stale(redis, session_job_id(job))
+    enqueue(
+        redis, SESSIONS_QUEUE, RUN_SESSION_JOB, job, job_id=session_job_id(job), timeout_s=DEFAULT_SESSION_JOB_TIMEOUT_S
+    )
+    report.sessions.append(session_job_id(job))
+
+
+def run_periodically(
+    redis: Redis, store: ArtifactStore, suite: Suite, interval_s: float, stop: threading.Event
+) -> threading.Thread:
+    """Run ``reconcile`` every ``interval_s`` seconds in a daemon thread, one gateway at a time, until ``stop``."""
+
+    def loop() -> None:
+        while not stop.wait(interval_s):
+            try:
+                if redis.set(LOCK_KEY, "1", nx=True, ex=max(1, int(interval_s))):
+                    report = reconcile(redis, store, suite)
+                    if report.restored or report.sessions or report.gradings:
+                        log.warning(
+                            "reconciler: restored %d evaluation(s), queued %d session(s) and %d grading(s) again",
+                            len(report.restored),
+                            len(report.sessions),
+                            len(report.gradings),
+                        )
+            except (RedisError, OSError) as exc:
+                log.warning("reconciler: pass skipped (%s: %s); next in %.0f s", type(exc).__name__, exc, interval_s)
+
+    thread = threading.Thread(target=loop, name="pbe-reconciler", daemon=True)
+    thread.start()
+    return thread
+
+
+def main() -> int:
+    """Run one pass with the gateway's settings and print what it did."""
+    from gateway.settings import GatewaySettings
+    from services.suite import load_suite
+
+    settings = GatewaySettings()
+    report = reconcile(
+        Redis.from_url(settings.REDIS_URL),
+        ArtifactStore(settings.ARTIFACT_ROOT),
+        load_suite(settings.require_suite(), settings.SUITE_NAME),
+    )
+    print(f"restored {report.restored}, sessions queued again {report.sessions}, gradings {report.gradings}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

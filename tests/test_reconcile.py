@@ -1,0 +1,191 @@
+"""The reconciler against a real Redis that is restarted (append-only file kept) or loses everything: nothing an
+evaluation accepted is lost, and nothing is queued or recorded twice."""
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from redis import Redis
+from rq import Queue
+from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
+
+from gateway.app import create_app
+from gateway.reconcile import reconcile
+from gateway.settings import GatewaySettings
+from services.evaluation import TaskState
+from services.queues import GRADING_QUEUE, SESSIONS_QUEUE
+from services.state import StateStore
+from services.store import ArtifactStore
+from services.suite import Suite, load_suite
+from services.trajectory import EndReason, Message, Trajectory
+from services.verdict import Verdict, VerdictStatus
+from tests.servers import free_port
+
+ADMIN_KEY = "pbe-test-admin-reconcile"
+
+
+class RedisServer:
+    """A redis-server on loopback with its append-only file in ``folder``, which can be stopped and started."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.port = folder, free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary is not None, "redis-server is missing: apt-get install redis-server"
+        self.process = subprocess.Popen(
+            [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "yes"]
+            + ["--appendfsync", "always", "--dir", str(self.folder)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        client = Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except Exception:
+                assert time.monotonic() < deadline and self.process.poll() is None, "redis-server did not start"
+                time.sleep(0.05)
+        client.close()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()  # a crash, not a clean shutdown
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+@pytest.fixture()
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    server = RedisServer(folder)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def suite(suite_path: Path) -> Suite:
+    return load_suite(suite_path)
+
+
+def submit(server: RedisServer, suite_path: Path, artifacts: Path, tasks: list[int]) -> str:
+    settings = GatewaySettings(
+        REDIS_URL=server.url,
+        SUITE_PATH=suite_path,
+        ARTIFACT_ROOT=artifacts,
+        ADMIN_KEY=ADMIN_KEY,  # type: ignore[arg-type]
+        EGRESS_ALLOWLIST="127.0.0.1",
+        RECONCILE_INTERVAL_S=0,
+    )
+    with TestClient(create_app(settings)) as client:
+        response = client.post(
+            "/v1/evaluations",
+            json={"model": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}, "tasks": tasks, "prompt": "gpt"},
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        )
+        assert response.status_code == 201, response.text
+        return str(response.json()["evaluation"]["id"])
+
+
+def jobs(redis: Redis, queue: str) -> list[str]:
+    return sorted(Queue(queue, connection=redis, serializer=JSONSerializer).job_ids)
+
+
+def in_flight(redis: Redis, store: ArtifactStore, evaluation_id: str) -> None:
+    """Put the evaluation of tasks [7, 16, 30, 44, 13] mid-run, as workers would, with the work of two lost:
+    7 done; 16 started by an executor that died; 30 graded-to-be, trajectory stored, its grading job gone;
+    44 still queued; 13 unavailable."""
+    state = StateStore(redis)
+    sessions = Queue(SESSIONS_QUEUE, connection=redis, serializer=JSONSerializer)
+    for index in (7, 16, 30):
+        sessions.remove(f"pbe-session-{evaluation_id}-{index}-a1")
+    crashed = Job.fetch(f"pbe-session-{evaluation_id}-16-a1", connection=redis, serializer=JSONSerializer)
+    crashed.set_status(JobStatus.STARTED)
+    redis.hset(crashed.key, "worker_name", "executor-that-died")
+    done = Verdict(
+        evaluation_id=evaluation_id, task_index=7, attempt=1, paper_category="Chart", status=VerdictStatus.PASSED
+    )
+    store.put_verdict(done)
+    state.put_verdict(done)
+    state.set_task_state(evaluation_id, 16, TaskState.RUNNING)
+    store.put_trajectory(
+        Trajectory(
+            evaluation_id=evaluation_id,
+            task_index=30,
+            attempt=1,
+            messages=[Message(role="assistant", content="Finished: 5478")],
+            end_reason=EndReason.NO_CODE,
+        )
+    )
+    state.set_task_state(evaluation_id, 30, TaskState.GRADING)
+
+
+def test_after_a_redis_crash_lost_work_is_queued_again_once(
+    server: RedisServer, suite: Suite, suite_path: Path, tmp_path: Path
+) -> None:
+    store = ArtifactStore(tmp_path / "artifacts")
+    evaluation_id = submit(server, suite_path, store.root, [7, 16, 30, 44, 13])
+    redis = Redis.from_url(server.url)
+    in_flight(redis, store, evaluation_id)
+    redis.close()
+    server.stop()
+    server.start()
+    redis = Redis.from_url(server.url)
+    state = StateStore(redis)
+    assert state.get(evaluation_id).tasks == [7, 16, 30, 44, 13]  # the append-only file kept it
+
+    first = reconcile(redis, store, suite)
+    assert first.restored == []
+    assert sorted(first.sessions) == [f"pbe-session-{evaluation_id}-16-a1"]
+    assert first.gradings == [f"pbe-grade-{evaluation_id}-30-a1"]
+    assert jobs(redis, SESSIONS_QUEUE) == [f"pbe-session-{evaluation_id}-{i}-a1" for i in (16, 44)]
+    assert jobs(redis, GRADING_QUEUE) == [f"pbe-grade-{evaluation_id}-30-a1"]
+    states = state.task_states(evaluation_id)
+    assert (states[7], states[16], states[30], states[13]) == (
+        TaskState.DONE,
+        TaskState.QUEUED,
+        TaskState.GRADING,
+        TaskState.UNAVAILABLE,
+    )
+
+    again = reconcile(redis, store, suite)  # nothing more to do: no duplicate job, no duplicate verdict
+    assert (again.restored, again.sessions, again.gradings) == ([], [], [])
+    assert len(jobs(redis, SESSIONS_QUEUE)) == 2 and len(jobs(redis, GRADING_QUEUE)) == 1
+    assert [v.task_index for v in state.verdicts(evaluation_id)] == [7, 13]
+    redis.close()
+
+
+def test_an_evaluation_redis_lost_entirely_is_restored_from_the_store(
+    server: RedisServer, suite: Suite, suite_path: Path, tmp_path: Path
+) -> None:
+    store = ArtifactStore(tmp_path / "artifacts")
+    evaluation_id = submit(server, suite_path, store.root, [7, 16, 30, 44, 13])
+    redis = Redis.from_url(server.url)
+    in_flight(redis, store, evaluation_id)
+    redis.flushall()  # a Redis without persistence, restarted
+
+    report = reconcile(redis, store, suite)
+    assert report.restored == [evaluation_id]
+    state = StateStore(redis)
+    assert state.get(evaluation_id).owner == "admin"
+    states = state.task_states(evaluation_id)
+    assert states[7] is TaskState.DONE and states[13] is TaskState.UNAVAILABLE
+    assert [v.task_index for v in state.verdicts(evaluation_id)] == [7, 13]
+    assert sorted(report.sessions) == [f"pbe-session-{evaluation_id}-{i}-a1" for i in (16, 30, 44)]
+    assert jobs(redis, SESSIONS_QUEUE) == sorted(report.sessions)
+    assert reconcile(redis, store, suite).sessions == []  # queued once
+    redis.close()
