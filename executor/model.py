@@ -47,6 +47,7 @@ class ModelClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._secret = api_key or None
         self.model = model
         self.retries = retries
         self.backoff_s = backoff_s
@@ -63,6 +64,10 @@ class ModelClient:
 
     def close(self) -> None:
         self._http.close()
+
+    def _redact(self, text: str) -> str:
+        """``text`` (an endpoint's answer, which may echo the request) without the API key in it."""
+        return text.replace(self._secret, "[REDACTED]") if self._secret else text
 
     def _post(self, body: dict[str, Any]) -> httpx.Response:
         attempt = 0
@@ -104,14 +109,16 @@ class ModelClient:
         response = self._post(body)
         latency = time.monotonic() - started
         if response.status_code != 200:
-            raise ModelResponseError(f"model endpoint answered HTTP {response.status_code}: {response.text[:300]}")
+            raise ModelResponseError(
+                f"model endpoint answered HTTP {response.status_code}: {self._redact(response.text)[:300]}"
+            )
         try:
             payload = response.json()
             choice = payload["choices"][0]
             text = choice["message"].get("content") or ""
             usage = payload.get("usage") or {}
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            raise ModelResponseError(f"not a chat completion: {response.text[:300]}") from exc
+            raise ModelResponseError(f"not a chat completion: {self._redact(response.text)[:300]}") from exc
         return Completion(
             text=str(text),
             prompt_tokens=usage.get("prompt_tokens"),

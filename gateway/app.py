@@ -11,16 +11,17 @@ from fastapi import FastAPI, Request, Response
 from redis import Redis
 from redis.exceptions import RedisError
 
-from gateway import reconcile
+from gateway import openapi, reconcile
 from gateway.problems import install_problem_handlers, problem_response
 from gateway.routers import evaluations, leaderboard, suites
 from gateway.settings import GatewaySettings
+from services.netguard import Resolver, resolve_host
 from services.store import ArtifactStore
 from services.suite import load_suite
 
 
-def create_app(settings: GatewaySettings | None = None) -> FastAPI:
-    """Make the gateway app.
+def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = resolve_host) -> FastAPI:
+    """Make the gateway app. ``resolver`` resolves submitted endpoints' hosts for the egress check.
 
     Raises:
         ConfigurationError: no suite at ``PBE_SUITE_PATH``.
@@ -48,6 +49,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.redis = redis
+    app.state.egress_resolver = resolver
+    openapi.install(app, load_suite(settings.require_suite(), settings.SUITE_NAME))
     install_problem_handlers(app)
     app.include_router(evaluations.router)
     app.include_router(suites.router)

@@ -8,14 +8,15 @@ again, and pin each connection to the address they checked, when they call the e
 from gateway.problems import Problem
 from gateway.settings import GatewaySettings
 from services.evaluation import EvaluationCreate
-from services.netguard import EgressPolicy, EgressRefusedError, check_url
+from services.netguard import EgressPolicy, EgressRefusedError, Resolver, UnresolvableHostError, check_url, resolve_host
 
 
-def check_endpoints(body: EvaluationCreate, settings: GatewaySettings) -> None:
+def check_endpoints(body: EvaluationCreate, settings: GatewaySettings, resolver: Resolver = resolve_host) -> None:
     """Check the submission's model (and judge) endpoint.
 
     Raises:
-        Problem: 422 naming the endpoint and why it is refused.
+        Problem: 403 naming the endpoint and why the egress policy refuses it; 422 for a host that does not
+            resolve (from here).
     """
     policy = EgressPolicy.parse(settings.EGRESS_ALLOWLIST)
     endpoints = [("model.base_url", body.model.base_url)]
@@ -23,6 +24,8 @@ def check_endpoints(body: EvaluationCreate, settings: GatewaySettings) -> None:
         endpoints.append(("judge.endpoint.base_url", body.judge.endpoint.base_url))
     for field, url in endpoints:
         try:
-            check_url(url, policy)
+            check_url(url, policy, resolver)
+        except UnresolvableHostError as exc:
+            raise Problem(422, "Endpoint unresolvable", f"{field}: {exc}", field=field) from exc
         except EgressRefusedError as exc:
-            raise Problem(422, "Endpoint refused", f"{field}: {exc}", field=field) from exc
+            raise Problem(403, "Endpoint refused", f"{field}: {exc}", field=field) from exc

@@ -1,7 +1,7 @@
 """``Idempotency-Key``: a repeated submission returns the evaluation the first one made.
 
 The key is remembered per API key, with a hash of the body it came with: the same key with another body is
-refused (422), and a key whose first submission is still being made answers 409.
+refused (409), as is a key whose first submission is still being made.
 """
 
 import hashlib
@@ -42,7 +42,7 @@ def claim(redis: Redis, owner: str, key: str | None, body: BaseModel, ttl_s: int
     """Claim an evaluation id for this submission.
 
     Raises:
-        Problem: 422 for a key reused with another body, 409 while the first submission is being made.
+        Problem: 409 for a key reused with another body, or while the first submission is being made.
     """
     evaluation_id = uuid.uuid4().hex[:20]
     if key is None:
@@ -56,7 +56,7 @@ def claim(redis: Redis, owner: str, key: str | None, body: BaseModel, ttl_s: int
     stored_id, _, stored_fingerprint = value.partition("|")
     if stored_fingerprint != fingerprint:
         raise Problem(
-            422,
+            409,
             "Idempotency-Key reused",
             "this Idempotency-Key came with another body; use a new key for a different submission",
         )

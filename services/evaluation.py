@@ -29,10 +29,19 @@ class Sampling(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
 
 
+BASE_URL_PATTERN = (
+    r"^https?://[A-Za-z0-9]([A-Za-z0-9.-]{0,250}[A-Za-z0-9])?"
+    r"(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?"
+    r"(/[A-Za-z0-9._~/-]*)?$"
+)
+"""An http(s) URL with a host name or an IPv4 address, an optional port and a plain path (no credentials, query
+or fragment)."""
+
+
 class ModelEndpoint(BaseModel):
     """An OpenAI-compatible chat-completions endpoint."""
 
-    base_url: str = Field(examples=["http://127.0.0.1:8000/v1"], max_length=2048)
+    base_url: str = Field(examples=["http://127.0.0.1:8000/v1"], max_length=2048, pattern=BASE_URL_PATTERN)
     model: str = Field(min_length=1, max_length=256, examples=["Qwen2.5-7B-Instruct"])
 
     @field_validator("base_url")

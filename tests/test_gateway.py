@@ -226,7 +226,7 @@ def test_a_repeated_post_with_an_idempotency_key_returns_the_same_evaluation(
     assert first.json()["evaluation"]["id"] == again.json()["evaluation"]["id"]
     assert Queue(SESSIONS_QUEUE, connection=redis_client, serializer=JSONSerializer).count == 2  # not 4
     other = api.post("/v1/evaluations", json={**BODY, "tasks": [7]}, headers=headers)
-    assert other.status_code == 422 and "another body" in other.json()["detail"]
+    assert other.status_code == 409 and "another body" in other.json()["detail"]
     fresh = api.post("/v1/evaluations", json=BODY, headers={"Idempotency-Key": "another"})
     assert fresh.status_code == 201 and fresh.json()["evaluation"]["id"] != first.json()["evaluation"]["id"]
 
@@ -281,24 +281,30 @@ def test_sessions_in_flight_per_key_and_the_global_queue_are_capped(
 
 
 @pytest.mark.parametrize(
-    "base_url",
+    ("base_url", "status"),
     [
-        "http://169.254.169.254/latest/meta-data",
-        "http://10.0.0.7:8000/v1",
-        "http://[::1]:8000/v1",
-        "http://127.0.0.2:8000/v1",
-        "http://0x7f000001/v1",
-        "http://user:pw@127.0.0.1:8000/v1",
+        ("http://169.254.169.254/latest/meta-data", 403),  # cloud metadata
+        ("http://10.0.0.7:8000/v1", 403),
+        ("http://127.0.0.2:8000/v1", 403),  # loopback, not the allowed 127.0.0.1
+        ("http://0x7f000001/v1", 403),  # 127.0.0.1 in disguise
+        ("http://2130706433/v1", 403),
+        ("http://localhost:8000/v1", 403),
+        ("http://[::1]:8000/v1", 422),  # the schema takes host names and IPv4 addresses only
+        ("http://user:pw@127.0.0.1:8000/v1", 422),  # no credentials in URLs
     ],
 )
-def test_internal_endpoints_are_refused_at_submission(api: httpx.Client, redis_client: Redis, base_url: str) -> None:
+def test_internal_endpoints_are_refused_at_submission(
+    api: httpx.Client, redis_client: Redis, base_url: str, status: int
+) -> None:
     response = api.post("/v1/evaluations", json={**BODY, "model": {"base_url": base_url, "model": "m"}})
-    assert response.status_code == 422, response.text
+    assert response.status_code == status, response.text
     assert "model.base_url" in response.json()["detail"]
     assert Queue(SESSIONS_QUEUE, connection=redis_client, serializer=JSONSerializer).count == 0
     judge = {"endpoint": {"base_url": base_url, "model": "j"}}
     refused = api.post("/v1/evaluations", json={**BODY, "judge": judge})
-    assert refused.status_code == 422 and "judge.endpoint.base_url" in refused.json()["detail"]
+    assert refused.status_code == status and "judge.endpoint.base_url" in refused.json()["detail"]
+    if status == 403:
+        assert any(hint in refused.json()["detail"] for hint in ("PBE_EGRESS_ALLOWLIST", "four decimal numbers"))
 
 
 def test_the_leaderboard_ranks_completed_evaluations_per_model(api: httpx.Client, redis_client: Redis) -> None:

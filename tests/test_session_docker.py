@@ -2,11 +2,14 @@
 replay model server on loopback."""
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import docker
 import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from redis import Redis
 from rq import Queue
 from rq.serializers import JSONSerializer
@@ -51,9 +54,15 @@ def run_session(
 ) -> RunSession:
     """Run the executor job for one task against a model URL; returns the job's summary and the evaluation."""
 
-    def run(index: int, model_url: str, max_turns: int = 10) -> tuple[dict[str, object], Evaluation]:
+    def run(
+        index: int, model_url: str, max_turns: int = 10, api_key: str | None = None
+    ) -> tuple[dict[str, object], Evaluation]:
         settings = ExecutorSettings(
-            REDIS_URL=redis_url, SUITE_PATH=suite_path, ARTIFACT_ROOT=tmp_path, SANDBOX_NETWORK=sandbox_network
+            REDIS_URL=redis_url,
+            SUITE_PATH=suite_path,
+            ARTIFACT_ROOT=tmp_path,
+            SANDBOX_NETWORK=sandbox_network,
+            EGRESS_ALLOWLIST="127.0.0.1",
         )
         evaluation = Evaluation(
             id=f"sess{index}",
@@ -64,8 +73,9 @@ def run_session(
             cell_timeout_s=120,
             prompt="gpt",
             sampling=Sampling(),
+            has_api_key=api_key is not None,
         )
-        StateStore(redis_client).create(evaluation, None)
+        StateStore(redis_client).create(evaluation, api_key)
         summary = execute_session(
             SessionJob(evaluation_id=evaluation.id, task_index=index),
             settings=settings,
@@ -119,3 +129,63 @@ def test_an_unreachable_model_is_an_infrastructure_error_and_leaves_no_container
     trajectory = ArtifactStore(tmp_path).get_trajectory(evaluation.id, 7, 1)
     assert trajectory.end_reason is EndReason.MODEL_ERROR and "did not answer" in (trajectory.error or "")
     assert not docker.from_env().containers.list(all=True, filters={"label": "pybench-eval.evaluation=sess7"})
+
+
+CANARY = "sk-canary-model-key-7d41e0"
+
+
+@pytest.fixture()
+def echoing_model() -> Iterator[tuple[str, list[str]]]:
+    """A hostile endpoint: it answers 400 with the request's Authorization header in its body."""
+    seen: list[str] = []
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def complete(request: Request) -> JSONResponse:
+        header = request.headers.get("authorization", "")
+        seen.append(header)
+        return JSONResponse({"error": {"message": f"bad request from {header}"}}, status_code=400)
+
+    with serve(app) as url:
+        yield url + "/v1", seen
+
+
+def redis_dump(redis: Redis) -> bytes:
+    """Every value in Redis but the secret store's, as bytes."""
+    parts = []
+    for key in redis.scan_iter("*"):
+        if key.startswith(b"pbe:secret:"):
+            continue
+        kind = redis.type(key)
+        if kind == b"string":
+            parts.append(redis.get(key) or b"")
+        elif kind == b"hash":
+            parts.extend(k + b"=" + v for k, v in redis.hgetall(key).items())
+        elif kind == b"list":
+            parts.extend(redis.lrange(key, 0, -1))
+        elif kind == b"set":
+            parts.extend(redis.smembers(key))
+        elif kind == b"zset":
+            parts.extend(redis.zrange(key, 0, -1))
+        parts.append(key)
+    return b"\n".join(parts)
+
+
+def test_the_model_key_reaches_the_endpoint_and_nothing_else(
+    run_session: RunSession,
+    redis_client: Redis,
+    tmp_path: Path,
+    echoing_model: tuple[str, list[str]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url, seen = echoing_model
+    caplog.set_level(logging.DEBUG)
+    _, evaluation = run_session(7, url, api_key=CANARY)
+    assert seen and all(header == f"Bearer {CANARY}" for header in seen)
+    trajectory = ArtifactStore(tmp_path).get_trajectory(evaluation.id, 7, 1)
+    assert trajectory.end_reason is EndReason.MODEL_ERROR and "[REDACTED]" in (trajectory.error or "")
+    stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    assert CANARY.encode() not in stored, "the key reached the artifact store"
+    assert CANARY.encode() not in redis_dump(redis_client), "the key reached Redis outside the secret store"
+    assert CANARY not in caplog.text, "the key reached a log"
+    assert redis_client.get(f"pbe:secret:model-key:{evaluation.id}") == CANARY.encode()

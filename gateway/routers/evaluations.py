@@ -2,7 +2,7 @@
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from redis import Redis
@@ -95,6 +95,7 @@ def create_evaluation(
     store: StoreDep,
     redis: RedisDep,
     response: Response,
+    request: Request,
     idempotency_key: Annotated[str | None, Header(min_length=1, max_length=200)] = None,
 ) -> EvaluationView:
     """Store the evaluation durably, then enqueue one session per available task.
@@ -111,7 +112,7 @@ def create_evaluation(
             f"suite {suite.name!r} has no prompt {body.prompt!r}; use one of: " + ", ".join(suite.prompts()),
         )
     indices = _selected_tasks(body, suite)
-    check_endpoints(body, settings)
+    check_endpoints(body, settings, request.app.state.egress_resolver)
     claim = idempotency.claim(redis, caller.id, idempotency_key, body, settings.IDEMPOTENCY_TTL_S)
     if claim.existing is not None:
         response.status_code = status.HTTP_200_OK
