@@ -23,7 +23,6 @@ import json
 import secrets
 import tarfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -34,7 +33,7 @@ import requests
 
 from grader import file_checks
 from services.errors import SandboxStartError
-from services.sandbox import SANDBOX_LABEL_PREFIX
+from services.sandbox import SANDBOX_LABEL_PREFIX, docker_created_epoch
 from services.verdict import CheckResult
 
 DEFAULT_IMAGE = "pybench-eval/sandbox:latest"
@@ -309,17 +308,9 @@ def reap(older_than_s: float = 0.0, client: Any = None) -> list[str]:
                 _remove(engine, container["Id"], container["Names"][0].lstrip("/"))
                 removed.append(container["Names"][0].lstrip("/"))
         for volume in engine.api.volumes(filters={"label": label}).get("Volumes") or []:
-            if _created(volume.get("CreatedAt", "")) <= cutoff and volume["Name"] not in removed:
+            if docker_created_epoch(volume.get("CreatedAt", "")) <= cutoff and volume["Name"] not in removed:
                 _remove(engine, None, volume["Name"])
                 removed.append(volume["Name"])
     except _DOCKER_ERRORS as exc:
         raise SandboxStartError(f"cannot reach the Docker engine: {exc}") from exc
     return removed
-
-
-def _created(stamp: str) -> float:
-    """Seconds since the epoch of a Docker timestamp (``2026-11-23T03:34:00Z``); 0 when unreadable."""
-    try:
-        return datetime.fromisoformat(stamp[:19]).replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return 0.0

@@ -78,33 +78,28 @@ def _agreement(verdicts: Sequence[Verdict]) -> AgreementMatrix:
     return matrix
 
 
+def _judge_status(verdict: Verdict) -> VerdictStatus:
+    """The judge's grade as a status: passed or failed when it decided, ungradable otherwise."""
+    if verdict.judgment is None or verdict.judgment.status not in ("passed", "failed"):
+        return VerdictStatus.UNGRADABLE
+    return VerdictStatus.PASSED if verdict.judgment.passed else VerdictStatus.FAILED
+
+
 def _judge_metrics(verdicts: Sequence[Verdict]) -> JudgeMetrics | None:
-    judged = [v for v in verdicts if v.judgment is not None]
+    judged = [v.judgment for v in verdicts if v.judgment is not None]
     if not judged:
         return None
-    per_category: dict[str, CategoryMetrics] = {}
+    grading = _grading_metrics([v.paper_category for v in verdicts], [_judge_status(v) for v in verdicts])
     agreement = {"all": _agreement(verdicts)}
-    for category in PAPER_CATEGORIES:
-        members = [v for v in verdicts if v.paper_category == category]
-        if members:
-            won = sum(1 for v in members if v.judgment is not None and v.judgment.passed)
-            decided = sum(1 for v in members if v.judgment is not None and v.judgment.status in ("passed", "failed"))
-            per_category[category] = CategoryMetrics(
-                tasks=len(members),
-                passed=won,
-                pass_rate=_rate(won, len(members)),
-                gradable=decided,
-                pass_rate_gradable=_rate(won, decided),
-            )
-            agreement[category] = _agreement(members)
-    passed = sum(1 for v in judged if v.judgment is not None and v.judgment.passed)
+    for category in grading.per_category:
+        agreement[category] = _agreement([v for v in verdicts if v.paper_category == category])
     return JudgeMetrics(
         judged=len(judged),
-        passed=passed,
-        pass_rate=_rate(passed, len(verdicts)),
-        unparseable=sum(1 for v in judged if v.judgment is not None and v.judgment.status == "unparseable"),
-        errors=sum(1 for v in judged if v.judgment is not None and v.judgment.status == "error"),
-        per_category=per_category,
+        passed=grading.passed,
+        pass_rate=grading.pass_rate,
+        unparseable=sum(1 for j in judged if j.status == "unparseable"),
+        errors=sum(1 for j in judged if j.status == "error"),
+        per_category=grading.per_category,
         agreement=agreement,
     )
 

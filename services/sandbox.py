@@ -22,3 +22,14 @@ class SandboxHandle(BaseModel):
     image: str
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     labels: dict[str, str] = Field(default_factory=dict)
+
+
+def docker_created_epoch(stamp: str) -> float:
+    """Seconds since the epoch of a Docker timestamp (``2026-11-23T03:34:00.123456789Z``); 0 if unreadable.
+
+    Both the executor's sandboxes and the grader's grading sandboxes are reaped by age with it.
+    """
+    try:
+        return datetime.fromisoformat(stamp[:19]).replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return 0.0

@@ -2,15 +2,13 @@
 
 import os
 import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from redis import Redis
 
-from tests.servers import free_port
+from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,32 +25,12 @@ def suite_path() -> Path:
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real redis-server (Debian's package) on 127.0.0.1, persistence off, stopped after the session."""
-    binary = shutil.which("redis-server")
-    if binary is None:
+    if shutil.which("redis-server") is None:
         pytest.fail("redis-server is missing: apt-get install redis-server (the tests use a real Redis)")
-    port = free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    process = subprocess.Popen(
-        [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no", "--dir", str(workdir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = Redis.from_url(url)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except Exception:
-            if time.monotonic() > deadline or process.poll() is not None:
-                process.kill()
-                pytest.fail("redis-server did not start")
-            time.sleep(0.05)
-    client.close()
-    yield url
-    process.terminate()
-    process.wait(timeout=10)
+    server = RedisServer(tmp_path_factory.mktemp("redis"), persistent=False)
+    server.start()
+    yield server.url
+    server.stop()
 
 
 @pytest.fixture()

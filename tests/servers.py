@@ -1,13 +1,21 @@
-"""Real HTTP servers for the tests: an ASGI app served by uvicorn on a free loopback port, in a thread."""
+"""Real servers for the tests: an ASGI app served by uvicorn on a free loopback port, in a thread; a real
+redis-server on loopback."""
 
+import base64
+import io
+import shutil
 import socket
+import subprocess
+import tarfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import uvicorn
+from redis import Redis
 
 
 def free_port() -> int:
@@ -38,3 +46,86 @@ def serve(app: Any, timeout_s: float = 20.0) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+class RedisServer:
+    """A real redis-server (Debian's package) on loopback, working in ``folder``, which can be stopped (as a crash)
+    and started again; ``persistent``: with an append-only file synced at every write (else no persistence)."""
+
+    def __init__(self, folder: Path, *, persistent: bool = True) -> None:
+        self.folder, self.port, self.persistent = folder, free_port(), persistent
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary is not None, "redis-server is missing: apt-get install redis-server (the tests use a real Redis)"
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persistent else ["--appendonly", "no"]
+        self.process = subprocess.Popen(
+            [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", *persistence]
+            + ["--dir", str(self.folder)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
+        client = Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except Exception:
+                assert time.monotonic() < deadline and self.process.poll() is None, "redis-server did not start"
+                time.sleep(0.05)
+        client.close()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()  # a crash, not a clean shutdown
+            self.process.wait(timeout=10)
+            self.process = None
+
+
+def files_made_in_sandbox_image(
+    engine: Any, image: str, script: str, *, suite: Path | None = None, timeout_s: float = 180
+) -> dict[str, bytes]:
+    """Run ``script`` with the sandbox image's Python in a throwaway container (no network, read-only root,
+    ``/tmp`` writable, the suite at ``/suite`` read-only when given); it prints a base64 tar of the files it
+    made as its last stdout line, returned here by name.
+
+    Raises:
+        AssertionError: the script failed (its stderr's end is in the message).
+    """
+    api = engine.api
+    binds = {str(suite.resolve()): {"bind": "/suite", "mode": "ro"}} if suite is not None else None
+    container = api.create_container(
+        image,
+        entrypoint=["/opt/venv/bin/python", "-I", "-c", script],
+        command=[],
+        user="1000:1000",
+        labels={"pybench-eval.role": "test-fixtures"},
+        environment={"HOME": "/tmp", "MPLCONFIGDIR": "/tmp"},
+        host_config=api.create_host_config(
+            network_mode="none",
+            read_only=True,
+            cap_drop=["ALL"],
+            tmpfs={"/tmp": "size=64m,uid=1000"},
+            binds=binds,
+        ),
+    )["Id"]
+    try:
+        api.start(container)
+        status = api.wait(container, timeout=timeout_s)
+        output = api.logs(container, stdout=True, stderr=False)
+        assert status["StatusCode"] == 0, api.logs(container, stdout=False, stderr=True, tail=20).decode()
+    finally:
+        api.remove_container(container, force=True)
+    files = {}
+    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(output.strip().splitlines()[-1]))) as tar:
+        for member in tar:
+            extracted = tar.extractfile(member)
+            assert extracted is not None
+            files[member.name] = extracted.read()
+    return files

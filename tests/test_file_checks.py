@@ -7,14 +7,11 @@ network probes aim at loopback inside the sandbox and at this machine's own Dock
 ``connect``, which sends nothing); no test aims at an outside address.
 """
 
-import base64
-import io
 import ipaddress
 import json
 import pickle
 import subprocess
 import sys
-import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +24,7 @@ from grader import file_checks
 from grader.check_sandbox import GRADING_ROLE, parse_results, reap, run_file_checks, workspace_name
 from services.errors import SandboxStartError
 from services.verdict import CheckResult
+from tests.servers import files_made_in_sandbox_image
 
 pytestmark = pytest.mark.docker
 
@@ -191,32 +189,7 @@ def engine() -> Iterator[Any]:
 
 def make_fixtures(engine: Any) -> dict[str, bytes]:
     """Run GENERATOR in a container of the sandbox image (no network, read-only root) and unpack its tar."""
-    api = engine.api
-    container = api.create_container(
-        IMAGE,
-        entrypoint=["/opt/venv/bin/python", "-I", "-c", GENERATOR],
-        command=[],
-        user="1000:1000",
-        labels={"pybench-eval.role": "test-fixtures"},
-        environment={"HOME": "/tmp"},
-        host_config=api.create_host_config(
-            network_mode="none", read_only=True, cap_drop=["ALL"], tmpfs={"/tmp": "size=64m,uid=1000"}
-        ),
-    )["Id"]
-    try:
-        api.start(container)
-        status = api.wait(container, timeout=120)
-        output = api.logs(container, stdout=True, stderr=False)
-        assert status["StatusCode"] == 0, api.logs(container, stdout=False, stderr=True, tail=20).decode()
-    finally:
-        api.remove_container(container, force=True)
-    files = {}
-    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(output.strip().splitlines()[-1]))) as tar:
-        for member in tar:
-            extracted = tar.extractfile(member)
-            assert extracted is not None
-            files[member.name] = extracted.read()
-    return files
+    return files_made_in_sandbox_image(engine, IMAGE, GENERATOR, timeout_s=120)
 
 
 TEXT_FILES = {

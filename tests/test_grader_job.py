@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from typing import Any
 
 from redis import Redis
 from rq import Queue
@@ -20,22 +21,28 @@ from tests.judge_server import JudgeServer, Step
 from tests.servers import serve
 
 
+def evaluation_of(evaluation_id: str, tasks: list[int], **fields: Any) -> Evaluation:
+    """An evaluation of ``tasks`` against a model nobody calls here."""
+    return Evaluation(
+        id=evaluation_id,
+        model=ModelEndpoint(base_url="http://127.0.0.1:9/v1", model="m"),
+        suite="pybench",
+        tasks=tasks,
+        max_turns=10,
+        cell_timeout_s=60,
+        prompt="gpt",
+        sampling=Sampling(),
+        **fields,
+    )
+
+
 def test_verdicts_are_recorded_and_results_written_once_every_task_is_graded(
     redis_client: Redis, suite_path: Path, tmp_path: Path
 ) -> None:
     suite = load_suite(suite_path)
     store = ArtifactStore(tmp_path)
     state = StateStore(redis_client)
-    evaluation = Evaluation(
-        id="gradejob",
-        model=ModelEndpoint(base_url="http://127.0.0.1:9/v1", model="m"),
-        suite="pybench",
-        tasks=[44, 134],
-        max_turns=10,
-        cell_timeout_s=60,
-        prompt="gpt",
-        sampling=Sampling(),
-    )
+    evaluation = evaluation_of("gradejob", [44, 134])
     state.create(evaluation, None)
     for index, answer in ((44, "Finished: saved"), (134, "Finished: no idea")):
         store.put_trajectory(
@@ -84,15 +91,9 @@ def test_an_evaluation_with_a_judge_gets_each_session_judged_with_the_key_from_t
     server = JudgeServer()
     canary = "sk-judge-canary-5b1e"
     with serve(server.app) as url:
-        evaluation = Evaluation(
-            id="judged",
-            model=ModelEndpoint(base_url="http://127.0.0.1:9/v1", model="m"),
-            suite="pybench",
-            tasks=[134, 44],
-            max_turns=10,
-            cell_timeout_s=60,
-            prompt="gpt",
-            sampling=Sampling(),
+        evaluation = evaluation_of(
+            "judged",
+            [134, 44],
             judge=JudgeConfig(endpoint=ModelEndpoint(base_url=url + "/v1", model="judge-model")),
             has_judge_api_key=True,
         )
@@ -143,16 +144,7 @@ def test_a_session_the_environment_broke_is_run_again_and_only_its_last_attempt_
     suite = load_suite(suite_path)
     store = ArtifactStore(tmp_path)
     state = StateStore(redis_client)
-    evaluation = Evaluation(
-        id="retried",
-        model=ModelEndpoint(base_url="http://127.0.0.1:9/v1", model="m"),
-        suite="pybench",
-        tasks=[44],
-        max_turns=10,
-        cell_timeout_s=60,
-        prompt="gpt",
-        sampling=Sampling(),
-    )
+    evaluation = evaluation_of("retried", [44])
     state.create(evaluation, None)
     queue = Queue(SESSIONS_QUEUE, connection=redis_client, serializer=JSONSerializer)
     for attempt in range(1, MAX_SESSION_ATTEMPTS + 1):

@@ -5,10 +5,7 @@ Each session is a recorded trajectory of the suite's ``trajectory.jsonl`` with t
 produces, made by a script in a container of the sandbox image from the suite's own inputs.
 """
 
-import base64
-import io
 import json
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,7 @@ from grader.variants import Grading, checks_for
 from services.suite import Suite, load_suite
 from services.trajectory import EndReason, Message, Trajectory
 from services.verdict import CheckResult, VerdictStatus
+from tests.servers import files_made_in_sandbox_image
 
 pytestmark = pytest.mark.docker
 
@@ -69,36 +67,11 @@ def suite(suite_path: Path) -> Suite:
 @pytest.fixture(scope="module")
 def outputs(suite_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Per task, a folder of what its session saved under ./output."""
-    api = docker.from_env().api
-    container = api.create_container(
-        IMAGE,
-        entrypoint=["/opt/venv/bin/python", "-I", "-c", SOLUTIONS],
-        command=[],
-        user="1000:1000",
-        labels={"pybench-eval.role": "test-fixtures"},
-        environment={"HOME": "/tmp", "MPLCONFIGDIR": "/tmp"},
-        host_config=api.create_host_config(
-            network_mode="none",
-            read_only=True,
-            cap_drop=["ALL"],
-            tmpfs={"/tmp": "size=64m,uid=1000"},
-            binds={str(suite_path.resolve()): {"bind": "/suite", "mode": "ro"}},
-        ),
-    )["Id"]
-    try:
-        api.start(container)
-        status = api.wait(container, timeout=180)
-        output = api.logs(container, stdout=True, stderr=False)
-        assert status["StatusCode"] == 0, api.logs(container, stdout=False, stderr=True, tail=20).decode()
-    finally:
-        api.remove_container(container, force=True)
+    made = files_made_in_sandbox_image(docker.from_env(), IMAGE, SOLUTIONS, suite=suite_path)
     root = tmp_path_factory.mktemp("outputs")
-    with tarfile.open(fileobj=io.BytesIO(base64.b64decode(output.strip()))) as tar:
-        for member in tar:
-            extracted = tar.extractfile(member)
-            assert extracted is not None
-            (root / member.name).parent.mkdir(parents=True, exist_ok=True)
-            (root / member.name).write_bytes(extracted.read())
+    for name, data in made.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
     yield root
 
 

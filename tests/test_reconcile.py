@@ -1,9 +1,6 @@
 """The reconciler against a real Redis that is restarted (append-only file kept) or loses everything: nothing an
 evaluation accepted is lost, and nothing is queued or recorded twice."""
 
-import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,47 +21,9 @@ from services.store import ArtifactStore
 from services.suite import Suite, load_suite
 from services.trajectory import EndReason, Message, Trajectory
 from services.verdict import Verdict, VerdictStatus
-from tests.servers import free_port
+from tests.servers import RedisServer
 
 ADMIN_KEY = "pbe-test-admin-reconcile"
-
-
-class RedisServer:
-    """A redis-server on loopback with its append-only file in ``folder``, which can be stopped and started."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder, self.port = folder, free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        assert binary is not None, "redis-server is missing: apt-get install redis-server"
-        self.process = subprocess.Popen(
-            [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "yes"]
-            + ["--appendfsync", "always", "--dir", str(self.folder)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-        )
-        client = Redis.from_url(self.url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except Exception:
-                assert time.monotonic() < deadline and self.process.poll() is None, "redis-server did not start"
-                time.sleep(0.05)
-        client.close()
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.kill()  # a crash, not a clean shutdown
-            self.process.wait(timeout=10)
-            self.process = None
 
 
 @pytest.fixture()

@@ -18,7 +18,6 @@ import secrets
 import socket
 import tarfile
 import time
-from datetime import UTC, datetime
 from typing import Any
 
 import docker
@@ -29,7 +28,7 @@ import requests
 
 from executor.sandboxes.base import SandboxBackend, SandboxSpec
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
-from services.sandbox import SANDBOX_LABEL_PREFIX, SANDBOX_NAME_PREFIX, SandboxHandle
+from services.sandbox import SANDBOX_LABEL_PREFIX, SANDBOX_NAME_PREFIX, SandboxHandle, docker_created_epoch
 
 DEFAULT_GATEWAY_PORT = 8888
 """The port the kernel gateway listens on inside the container."""
@@ -323,25 +322,17 @@ class DockerSandboxBackend(SandboxBackend):
         cutoff = time.time() - older_than_s
         removed = []
         for container in self.client.containers.list(all=True, filters={"label": filters}):
-            if _created(container.attrs.get("Created", "")) <= cutoff:
+            if docker_created_epoch(container.attrs.get("Created", "")) <= cutoff:
                 self._remove(container.id, container.name)
                 removed.append(container.name)
         confine_filters = [f"{_ROLE_LABEL}=sandbox-confine", *filters[1:]]
         for helper in self.client.containers.list(all=True, filters={"label": confine_filters}):
-            if _created(helper.attrs.get("Created", "")) <= cutoff:
+            if docker_created_epoch(helper.attrs.get("Created", "")) <= cutoff:
                 with contextlib.suppress(*_DOCKER_ERRORS):
                     helper.remove(force=True)
         workspace_filters = [f"{_ROLE_LABEL}=sandbox-workspace", *filters[1:]]
         for volume in self.client.volumes.list(filters={"label": workspace_filters}):
-            if _created(volume.attrs.get("CreatedAt", "")) <= cutoff and volume.name not in removed:
+            if docker_created_epoch(volume.attrs.get("CreatedAt", "")) <= cutoff and volume.name not in removed:
                 self._remove_volume(volume.name)
                 removed.append(volume.name)
         return removed
-
-
-def _created(stamp: str) -> float:
-    """Seconds since the epoch of a Docker timestamp (``2026-11-23T03:34:00.123456789Z``); 0 if unreadable."""
-    try:
-        return datetime.fromisoformat(stamp[:19]).replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return 0.0
