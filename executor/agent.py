@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor.extraction import extract_code
+from services.extraction import extract_code
 from executor.kernel import KernelClient
 from executor.messages import interpreter_message, output_text
 from executor.model import ModelClient

@@ -23,6 +23,8 @@ class GatewaySettings(ServiceSettings):
     """Task sessions a key may have queued or running at once; a submission past it gets 429."""
     MAX_QUEUED_SESSIONS: int = Field(default=20000, ge=1)
     """Task sessions waiting in the queue for all keys; a submission past it gets 503."""
+    PREFLIGHT: bool = True
+    """Check each submitted model endpoint before accepting the evaluation (a submission may opt out)."""
     RECONCILE_INTERVAL_S: float = Field(default=30.0, ge=0)
     """How often the reconciler queues again work a crash dropped (0: never; ``python -m gateway.reconcile``)."""
     IDEMPOTENCY_TTL_S: int = 24 * 3600

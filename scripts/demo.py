@@ -29,7 +29,12 @@ def main() -> int:
     client = GatewayClient(args.gateway, api_key=os.environ.get(args.key_env))
     started = time.monotonic()
     view = client.submit(
-        {"model": {"base_url": args.model_url, "model": "pybench-replay"}, "tasks": tasks, "prompt": "gpt"}
+        {
+            "model": {"base_url": args.model_url, "model": "pybench-replay"},
+            "tasks": tasks,
+            "prompt": "gpt",
+            "preflight": False,  # the replay model answers the suite's tasks only, not a canary prompt
+        }
     )
     evaluation_id = view["evaluation"]["id"]
     print(f"evaluation {evaluation_id}: {len(tasks)} tasks submitted, waiting ...", flush=True)

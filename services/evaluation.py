@@ -79,6 +79,11 @@ class EvaluationCreate(BaseModel):
     prompt: str = Field(default=DEFAULT_PROMPT, pattern=r"^[a-z0-9_]{1,64}$")
     sampling: Sampling = Field(default_factory=Sampling)
     judge: JudgeConfig | None = Field(default=None, description="An LLM judge besides the unit tests (optional).")
+    preflight: bool = Field(
+        default=True,
+        description="Check the endpoint first: it answers, serves the model, and replies to a canary prompt with "
+        "code in the prompt's format; the evaluation is refused otherwise.",
+    )
     judge_api_key: SecretStr | None = Field(
         default=None, description="The judge's bearer token; never stored in clear."
     )

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.extraction import extract_code
+from services.extraction import extract_code
 
 
 @pytest.mark.parametrize(

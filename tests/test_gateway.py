@@ -34,6 +34,7 @@ def gateway_settings(redis_url: str, suite_path: Path, tmp_path: Path, **overrid
         "ADMIN_KEY": ADMIN_KEY,
         "EGRESS_ALLOWLIST": "127.0.0.1",
         "RECONCILE_INTERVAL_S": 0,
+        "PREFLIGHT": False,
     }
     return GatewaySettings(**(values | overrides))  # type: ignore[arg-type]
 

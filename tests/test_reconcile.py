@@ -49,6 +49,7 @@ def submit(server: RedisServer, suite_path: Path, artifacts: Path, tasks: list[i
         ADMIN_KEY=ADMIN_KEY,  # type: ignore[arg-type]
         EGRESS_ALLOWLIST="127.0.0.1",
         RECONCILE_INTERVAL_S=0,
+        PREFLIGHT=False,
     )
     with TestClient(create_app(settings)) as client:
         response = client.post(

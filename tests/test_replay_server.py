@@ -7,11 +7,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from executor.extraction import extract_code
 from executor.model import ModelClient
 from executor.replay.recordings import load_recordings
 from executor.replay.server import END_OF_RECORDING, create_app
 from services.errors import ConfigurationError, ModelResponseError
+from services.extraction import extract_code
 from services.trajectory import Message
 from tests.servers import serve
 

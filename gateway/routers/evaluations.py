@@ -11,6 +11,7 @@ from gateway import events, idempotency, limits
 from gateway.auth import Caller
 from gateway.deps import RedisDep, SettingsDep, StateDep, StoreDep, SuiteDep
 from gateway.egress import check_endpoints
+from gateway.preflight import preflight
 from gateway.problems import Problem
 from services.apikeys import ApiKey
 from services.errors import ArtifactNotFoundError, TaskNotFoundError
@@ -23,6 +24,7 @@ from services.evaluation import (
     TaskState,
 )
 from services.metrics import build_results
+from services.netguard import EgressPolicy
 from services.queues import (
     DEFAULT_SESSION_JOB_TIMEOUT_S,
     RUN_SESSION_JOB,
@@ -101,7 +103,9 @@ def create_evaluation(
     """Store the evaluation durably, then enqueue one session per available task.
 
     Tasks whose input files are missing from the suite are reported ``unavailable`` and not run. With an
-    ``Idempotency-Key`` header, a repeated submission returns the evaluation the first one made.
+    ``Idempotency-Key`` header, a repeated submission returns the evaluation the first one made. Unless
+    ``preflight`` is false, the model endpoint must first answer, serve the model and reply to a canary prompt
+    with code in the prompt's format.
     """
     if body.suite != suite.name:
         raise Problem(422, "Unknown suite", f"no suite {body.suite!r}; this service offers {suite.name!r}")
@@ -118,6 +122,10 @@ def create_evaluation(
         response.status_code = status.HTTP_200_OK
         return _view(state, state.get(claim.existing))
     try:
+        if body.preflight and settings.PREFLIGHT:
+            preflight(
+                body, suite, EgressPolicy.parse(settings.EGRESS_ALLOWLIST), resolver=request.app.state.egress_resolver
+            )
         runnable = [i for i in indices if suite.task(i).available]
         limits.check_capacity(redis, state, caller.id, len(runnable), settings)
         evaluation = Evaluation(
