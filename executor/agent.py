@@ -1,7 +1,8 @@
 """The agent loop: ask the model, run its code in the kernel, report the output, until it stops.
 
-The loop ends on a reply without code (the agent's answer), at the turn limit, or when the model endpoint
-or the sandbox fails (an infrastructure error, recorded as such in the trajectory).
+The loop ends on a reply without code (the agent's answer), at the turn limit, when the conversation
+outgrows the model's context or the model replies with nothing (the model's limits, graded as they stand),
+or when the model endpoint or the sandbox fails (an infrastructure error, recorded as such in the trajectory).
 """
 
 import logging
@@ -9,11 +10,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.extraction import extract_code
 from executor.kernel import KernelClient
 from executor.messages import interpreter_message, output_text
 from executor.model import ModelClient
-from services.errors import ModelEndpointError, SandboxError
+from services.errors import ModelContextLengthError, ModelEndpointError, SandboxError
+from services.extraction import extract_code
 from services.trajectory import MAX_IMAGES_PER_CELL, EndReason, Message, Turn
 
 log = logging.getLogger(__name__)
@@ -41,8 +42,17 @@ def run_agent(
     for index in range(1, max_turns + 1):
         try:
             completion = model.complete(run.messages, sampling)
+        except ModelContextLengthError as exc:
+            run.end_reason, run.error = EndReason.CONTEXT_LENGTH, str(exc)
+            return run
         except ModelEndpointError as exc:
             run.end_reason, run.error = EndReason.MODEL_ERROR, str(exc)
+            return run
+        if not completion.text.strip():
+            run.end_reason, run.error = (
+                EndReason.EMPTY_REPLY,
+                f"the model replied with nothing ({completion.finish_reason})",
+            )
             return run
         run.messages.append(Message(role="assistant", content=completion.text))
         turn = Turn(

@@ -1,18 +1,21 @@
 """A client for OpenAI-compatible chat-completion endpoints, on httpx.
 
 Errors: ``ModelUnreachableError`` when the endpoint does not answer (connection refused, DNS, timeout) or
-keeps answering 429/5xx after the retries; ``ModelResponseError`` for an answer that is not a usable
-completion. The API key is sent as a bearer token and never appears in a message, a log or a repr.
+keeps answering 429/5xx after the retries (each retry waits a jittered, doubling backoff, or what
+``Retry-After`` says); ``ModelContextLengthError`` when the conversation no longer fits the model's context;
+``ModelResponseError`` for another answer that is not a usable completion. The API key is sent as a bearer
+token and never appears in a message, a log or a repr.
 """
 
 import random
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from services.errors import ModelResponseError, ModelUnreachableError
+from services.errors import ModelContextLengthError, ModelResponseError, ModelUnreachableError
 from services.netguard import EgressRefusedError
 from services.trajectory import Message
 
@@ -23,6 +26,13 @@ DEFAULT_BACKOFF_S = 1.0
 """The first backoff; it doubles with each retry (plus jitter), or follows Retry-After when given."""
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
+
+_CONTEXT_LENGTH = re.compile(
+    r"context[_ ]length|maximum context|context window|too many tokens|prompt is too long|exceeds? the (?:model'?s? )?"
+    r"(?:maximum|max)|n_ctx|longer than the model",
+    re.IGNORECASE,
+)
+"""How vLLM, llama.cpp, OpenAI and others word a request that does not fit the context (in a 400 or 413)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,10 @@ class ModelClient:
         started = time.monotonic()
         response = self._post(body)
         latency = time.monotonic() - started
+        if response.status_code in (400, 413) and _CONTEXT_LENGTH.search(response.text):
+            raise ModelContextLengthError(
+                f"the conversation no longer fits the model's context: {self._redact(response.text)[:300]}"
+            )
         if response.status_code != 200:
             raise ModelResponseError(
                 f"model endpoint answered HTTP {response.status_code}: {self._redact(response.text)[:300]}"

@@ -60,6 +60,10 @@ class ModelResponseError(ModelEndpointError):
     pass
 
 
+class ModelContextLengthError(ModelResponseError):
+    """The conversation no longer fits the model's context: the session ends (the agent's limit, not infra)."""
+
+
 class StoreError(PybenchEvalError):
     pass
 

@@ -70,6 +70,10 @@ class EndReason(StrEnum):
     MAX_TURNS = "max_turns"
     MODEL_ERROR = "model_error"
     SANDBOX_ERROR = "sandbox_error"
+    CONTEXT_LENGTH = "context_length"
+    """The conversation outgrew the model's context window: the model's limit, graded as it stands."""
+    EMPTY_REPLY = "empty_reply"
+    """The model replied with nothing: graded as it stands."""
 
     @property
     def infra(self) -> bool:
