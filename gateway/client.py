@@ -1,9 +1,15 @@
-"""A small client of the gateway's REST API (used by the demo, the end-to-end tests and, later, the CLI).
+"""A small client of the gateway's REST API (used by the demo, the end-to-end tests and the CLI).
 
-Errors: ``GatewayError`` for an answer that is not a success, with the problem document's detail.
+Errors, translated at this boundary from httpx's::
+
+    PybenchEvalError
+    ├── GatewayError               the gateway answered with an error status (``status``, the problem's ``detail``)
+    └── GatewayUnreachableError    no answer: connection refused, DNS, timeout, a stream that keeps dropping
 """
 
+import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -13,13 +19,27 @@ from services.errors import PybenchEvalError
 DEFAULT_POLL_S = 1.0
 """How often ``wait`` asks for progress."""
 
+DEFAULT_STREAM_READ_TIMEOUT_S = 60.0
+"""How long an event stream may stay silent (the gateway sends a heartbeat every 15 s) before it counts as dropped."""
+
+DEFAULT_RECONNECT_S = 1.0
+"""The first pause before reconnecting a dropped event stream; it doubles per failure, up to ten seconds."""
+
+DEFAULT_MAX_RECONNECTS = 5
+"""Failed connections in a row (none yielding an event) after which ``events`` gives up."""
+
 
 class GatewayError(PybenchEvalError):
-    """The gateway answered with an error; ``status`` is its HTTP status."""
+    """The gateway answered with an error; ``status`` is its HTTP status, ``detail`` the problem's detail."""
 
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(f"HTTP {status}: {detail}")
         self.status = status
+        self.detail = detail
+
+
+class GatewayUnreachableError(PybenchEvalError):
+    """The gateway could not be reached, or did not answer in time."""
 
 
 FINISHED_TASK_STATES = ("done", "unavailable", "cancelled")
@@ -30,6 +50,14 @@ def finished(view: dict[str, Any]) -> bool:
     progress = view["progress"]
     done = sum(int(progress["counts"].get(state, 0)) for state in FINISHED_TASK_STATES)
     return done == int(progress["total"])
+
+
+def _parse_data(lines: list[str]) -> Any:
+    text = "\n".join(lines)
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 class GatewayClient:
@@ -50,41 +78,198 @@ class GatewayClient:
     def __repr__(self) -> str:
         return f"GatewayClient({str(self._http.base_url)!r})"
 
+    def __enter__(self) -> "GatewayClient":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def close(self) -> None:
         self._http.close()
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = self._http.request(method, path, **kwargs)
-        if response.status_code >= 400:
-            try:
-                detail = str(response.json().get("detail", response.text))
-            except ValueError:
-                detail = response.text[:500]
-            raise GatewayError(response.status_code, detail)
-        return response.json()
+    def _unreachable(self, exc: httpx.TransportError) -> GatewayUnreachableError:
+        reason = str(exc) or type(exc).__name__
+        return GatewayUnreachableError(f"cannot reach the gateway at {self._http.base_url} ({reason})")
 
-    def submit(self, body: dict[str, Any]) -> dict[str, Any]:
-        """``POST /v1/evaluations``; returns the evaluation view (its id under ``evaluation.id``)."""
-        result: dict[str, Any] = self._call("POST", "/v1/evaluations", json=body)
+    @staticmethod
+    def _raise_for_problem(response: httpx.Response) -> None:
+        """Raises:
+        GatewayError: the response has an error status; its message is the problem document's detail."""
+        if response.status_code < 400:
+            return
+        try:
+            body = response.json()
+            detail = str(body.get("detail", response.text)) if isinstance(body, dict) else response.text[:500]
+        except ValueError:
+            detail = response.text[:500]
+        raise GatewayError(response.status_code, detail)
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Send a request and return its successful answer.
+
+        Raises:
+            GatewayError: the gateway answered with an error status.
+            GatewayUnreachableError: no answer.
+        """
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from exc
+        self._raise_for_problem(response)
+        return response
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """The JSON of a successful answer.
+
+        Raises:
+            GatewayError: the gateway answered with an error status.
+            GatewayUnreachableError: no answer.
+        """
+        return self._request(method, path, **kwargs).json()
+
+    def submit(self, body: dict[str, Any], *, idempotency_key: str | None = None) -> dict[str, Any]:
+        """``POST /v1/evaluations``; returns the evaluation view (its id under ``evaluation.id``). With an
+        ``idempotency_key``, a repeated submission returns the evaluation the first one made."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        result: dict[str, Any] = self._call("POST", "/v1/evaluations", json=body, headers=headers)
         return result
 
     def evaluation(self, evaluation_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", f"/v1/evaluations/{evaluation_id}")
         return result
 
+    def evaluations(
+        self, *, limit: int = 20, cursor: str | None = None, model: str | None = None, status: str | None = None
+    ) -> dict[str, Any]:
+        """One page of ``GET /v1/evaluations`` (newest first): ``items`` and ``next_cursor``."""
+        params: dict[str, Any] = {"limit": limit}
+        params.update({k: v for k, v in (("cursor", cursor), ("model", model), ("status", status)) if v is not None})
+        result: dict[str, Any] = self._call("GET", "/v1/evaluations", params=params)
+        return result
+
+    def cancel(self, evaluation_id: str) -> dict[str, Any]:
+        """Cancel the evaluation's queued tasks (running ones finish); returns its view."""
+        result: dict[str, Any] = self._call("POST", f"/v1/evaluations/{evaluation_id}/cancel")
+        return result
+
+    def retry(self, evaluation_id: str, tasks: list[int] | None = None) -> dict[str, Any]:
+        """Run failed tasks again (all failed ones when ``tasks`` is None); returns the evaluation's view."""
+        body = {"tasks": tasks} if tasks is not None else None
+        result: dict[str, Any] = self._call("POST", f"/v1/evaluations/{evaluation_id}/retry", json=body)
+        return result
+
     def results(self, evaluation_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", f"/v1/evaluations/{evaluation_id}/results")
         return result
 
-    def trajectory(self, evaluation_id: str, task_index: int) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("GET", f"/v1/evaluations/{evaluation_id}/tasks/{task_index}/trajectory")
+    def tasks(self, evaluation_id: str) -> list[dict[str, Any]]:
+        """Every task of the evaluation: ``index``, ``state`` and its ``verdict`` once graded."""
+        result: list[dict[str, Any]] = self._call("GET", f"/v1/evaluations/{evaluation_id}/tasks")
         return result
+
+    def trajectory(self, evaluation_id: str, task_index: int, attempt: int | None = None) -> dict[str, Any]:
+        """The trajectory of a task's session, its latest attempt unless ``attempt`` is given."""
+        params = {"attempt": attempt} if attempt is not None else None
+        path = f"/v1/evaluations/{evaluation_id}/tasks/{task_index}/trajectory"
+        result: dict[str, Any] = self._call("GET", path, params=params)
+        return result
+
+    def files(self, evaluation_id: str, task_index: int, attempt: int | None = None) -> list[str]:
+        """The files a task's session saved, as ``./output/...`` names."""
+        params = {"attempt": attempt} if attempt is not None else None
+        result: list[str] = self._call(
+            "GET", f"/v1/evaluations/{evaluation_id}/tasks/{task_index}/files", params=params
+        )
+        return result
+
+    def download(self, evaluation_id: str, task_index: int, name: str, attempt: int | None = None) -> bytes:
+        """The content of one saved file (``name`` as ``files`` lists it)."""
+        params = {"attempt": attempt} if attempt is not None else None
+        name = name.removeprefix("./").removeprefix("output/")
+        path = f"/v1/evaluations/{evaluation_id}/tasks/{task_index}/files/{name}"
+        return self._request("GET", path, params=params).content
+
+    def leaderboard(self) -> list[dict[str, Any]]:
+        """Per model, its best and latest completed evaluation, best pass rate first."""
+        result: list[dict[str, Any]] = self._call("GET", "/v1/leaderboard")
+        return result
+
+    def suite_tasks(self, suite: str) -> list[dict[str, Any]]:
+        """A suite's tasks: ``index``, ``paper_category``, ``category1``, ``available``."""
+        result: list[dict[str, Any]] = self._call("GET", f"/v1/suites/{suite}/tasks")
+        return result
+
+    def events(
+        self,
+        evaluation_id: str,
+        *,
+        reconnect_s: float = DEFAULT_RECONNECT_S,
+        max_reconnects: int = DEFAULT_MAX_RECONNECTS,
+        read_timeout_s: float = DEFAULT_STREAM_READ_TIMEOUT_S,
+    ) -> Iterator[tuple[str, Any]]:
+        """Follow the evaluation's server-sent events, yielding ``(event, data)`` (data parsed as JSON) until
+        the ``end`` event, which is yielded last. A stream that drops or ends early is opened again; after a
+        reconnection the gateway sends the progress and every verdict so far again.
+
+        Raises:
+            GatewayError: the gateway refused the stream (a 4xx answer other than 429: unknown evaluation, bad key).
+            GatewayUnreachableError: ``max_reconnects`` connections in a row failed or yielded nothing.
+        """
+        path = f"/v1/evaluations/{evaluation_id}/events"
+        timeout = httpx.Timeout(self._http.timeout.connect, read=read_timeout_s)
+        failures, last = 0, "the stream ended before its end event"
+        while True:
+            received = False
+            try:
+                with self._http.stream("GET", path, timeout=timeout) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        if response.status_code < 500 and response.status_code != 429:
+                            self._raise_for_problem(response)
+                        last = f"HTTP {response.status_code}"
+                    else:
+                        for name, data in self._parse_events(response.iter_lines()):
+                            received = True
+                            yield name, data
+                            if name == "end":
+                                return
+            except httpx.TransportError as exc:
+                last = str(self._unreachable(exc))
+            failures = 0 if received else failures + 1
+            if failures > max_reconnects:
+                raise GatewayUnreachableError(
+                    f"the event stream of {evaluation_id} failed {failures} times in a row; last: {last}"
+                )
+            time.sleep(min(reconnect_s * 2 ** max(failures - 1, 0), 10.0))
+
+    @staticmethod
+    def _parse_events(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
+        """Server-sent events from the lines of a stream: ``event:`` and ``data:`` fields, a blank line ends
+        an event, ``:`` lines are comments."""
+        name = "message"
+        data: list[str] = []
+        for line in lines:
+            if not line:
+                if data:
+                    yield name, _parse_data(data)
+                name, data = "message", []
+            elif line.startswith(":"):
+                continue
+            else:
+                field, _, value = line.partition(":")
+                value = value.removeprefix(" ")
+                if field == "event":
+                    name = value
+                elif field == "data":
+                    data.append(value)
 
     def wait(self, evaluation_id: str, timeout_s: float, poll_s: float = DEFAULT_POLL_S) -> dict[str, Any]:
         """Poll until the evaluation completes; return its last view.
 
         Raises:
             TimeoutError: it did not complete within ``timeout_s``; the message gives the progress.
+            GatewayError: the gateway answered with an error status.
+            GatewayUnreachableError: no answer.
         """
         deadline = time.monotonic() + timeout_s
         while True:
