@@ -26,8 +26,16 @@ def opening_messages(system_prompt: str, task: Task) -> list[Message]:
 
 
 def output_text(output: CellOutput) -> str:
-    """The cell's text as the model sees it: streams and results in order, one after another."""
-    parts = [item.text for item in output.items if item.kind in ("stream", "result", "display") and item.text]
+    """The cell's text as the model sees it: streams and results in order, one after another.
+
+    A display or result that carries an image (a chart) adds no text: its ``text/plain`` is only a repr such as
+    ``<Figure size 640x480 with 1 Axes>``, which the recorded trajectories never show.
+    """
+    parts = [
+        item.text
+        for item in output.items
+        if item.kind in ("stream", "result", "display") and item.text and not item.images
+    ]
     text = "".join(part if part.endswith("\n") else part + "\n" for part in parts[:-1])
     text += parts[-1] if parts else ""
     if output.dropped_chars:

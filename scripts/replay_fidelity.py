@@ -52,6 +52,7 @@ _NORMALISE = [
     (re.compile(r"/(?:usr|opt|home|root|tmp)[\w/.\-]*"), "/PATH"),
     (re.compile(r"\b\d+(\.\d+)?\s*(ms|s|sec|seconds)\b"), "N s"),
     (re.compile(r"<Figure size [^>]*>"), "<Figure>"),
+    (re.compile(r"np\.(?:int|uint|float|bool_|str_)\w*\(([^()]*)\)"), r"\1"),  # numpy 2 scalar reprs
     (re.compile(r"[ \t]+"), " "),
     (re.compile(r"\s*\n\s*"), "\n"),
 ]

@@ -4,7 +4,7 @@ import json
 import re
 from pathlib import Path
 
-from executor.messages import INTERPRETER_PREFIX, interpreter_message, opening_messages
+from executor.messages import INTERPRETER_PREFIX, interpreter_message, opening_messages, output_text
 from executor.output import CellOutput
 from services.suite import load_suite
 from services.trajectory import Execution
@@ -41,3 +41,14 @@ def test_interpreter_replies_and_errors_have_the_recorded_shape(suite_path: Path
     assert match is not None
     ours = interpreter_message(Execution(error_name=match.group(1), error_value=match.group(2)), CellOutput())
     assert ours.content == recorded_error
+
+
+def test_a_chart_adds_no_text_as_in_the_recordings() -> None:
+    output = CellOutput()
+    output.add("stream", {"name": "stdout", "text": "saved\n"})
+    output.add(
+        "display_data", {"data": {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure size 640x480 with 1 Axes>"}}
+    )
+    output.add("execute_result", {"data": {"text/plain": "42"}})
+    assert output_text(output) == "saved\n42"
+    assert len(output.images) == 1
