@@ -28,13 +28,15 @@ def opening_messages(system_prompt: str, task: Task) -> list[Message]:
 def output_text(output: CellOutput) -> str:
     """The cell's text as the model sees it: streams and results in order, one after another.
 
-    A display or result that carries an image (a chart) adds no text: its ``text/plain`` is only a repr such as
-    ``<Figure size 640x480 with 1 Axes>``, which the recorded trajectories never show.
+    A displayed image (``plt.show()`` under the inline backend) adds no text: the recorded trajectories ran
+    matplotlib without a display, where ``plt.show()`` shows nothing; its ``text/plain`` would be a repr such as
+    ``<Figure size 640x480 with 1 Axes>``. A result keeps its text, image or not (``<PIL.Image ...>``, as
+    recorded).
     """
     parts = [
         item.text
         for item in output.items
-        if item.kind in ("stream", "result", "display") and item.text and not item.images
+        if item.kind in ("stream", "result", "display") and item.text and not (item.kind == "display" and item.images)
     ]
     text = "".join(part if part.endswith("\n") else part + "\n" for part in parts[:-1])
     text += parts[-1] if parts else ""

@@ -43,12 +43,12 @@ def test_interpreter_replies_and_errors_have_the_recorded_shape(suite_path: Path
     assert ours.content == recorded_error
 
 
-def test_a_chart_adds_no_text_as_in_the_recordings() -> None:
+def test_a_shown_chart_adds_no_text_and_a_result_keeps_its_repr_as_in_the_recordings() -> None:
     output = CellOutput()
     output.add("stream", {"name": "stdout", "text": "saved\n"})
     output.add(
         "display_data", {"data": {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure size 640x480 with 1 Axes>"}}
     )
-    output.add("execute_result", {"data": {"text/plain": "42"}})
-    assert output_text(output) == "saved\n42"
-    assert len(output.images) == 1
+    output.add("execute_result", {"data": {"image/png": "iVBORw0KGgo=", "text/plain": "<PIL.Image.Image size=2x2>"}})
+    assert output_text(output) == "saved\n<PIL.Image.Image size=2x2>"
+    assert len(output.images) == 2
