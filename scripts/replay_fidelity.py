@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import docker.client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -105,12 +106,16 @@ def replay_task(suite: Suite, index: int, url: str, recorded: list[dict[str, Any
     ours = interpreter_outputs([m.model_dump() for m in trajectory.messages])
     theirs = interpreter_outputs(recorded)
     causes: Counter[str] = Counter()
-    matched = 0
+    matched = recorded_ok = recorded_ok_matched = 0
     for position in range(max(len(ours), len(theirs))):
         if position >= len(ours) or position >= len(theirs):
             causes["diverged"] += 1
             continue
-        if normalise(ours[position]) == normalise(theirs[position]):
+        same = normalise(ours[position]) == normalise(theirs[position])
+        if ERROR_MARK not in theirs[position]:
+            recorded_ok += 1
+            recorded_ok_matched += same
+        if same:
             matched += 1
         else:
             causes[cause(theirs[position], ours[position])] += 1
@@ -118,6 +123,8 @@ def replay_task(suite: Suite, index: int, url: str, recorded: list[dict[str, Any
         "task": index,
         "cells": max(len(ours), len(theirs)),
         "matched": matched,
+        "recorded_ok": recorded_ok,
+        "recorded_ok_matched": recorded_ok_matched,
         "causes": dict(causes),
         "end_reason": trajectory.end_reason.value,
         "wall_s": round(time.monotonic() - began, 1),
@@ -139,7 +146,7 @@ def main() -> int:
     wanted = [int(t) for t in args.tasks.split(",") if t.strip()] or sorted(recordings)
     runnable = [i for i in wanted if i in recordings and i in suite.tasks and suite.task(i).available]
     skipped = [i for i in wanted if i not in runnable]
-    engine = docker.from_env()
+    engine = docker.client.from_env()
     if not engine.networks.list(names=[NETWORK]):
         engine.networks.create(NETWORK, driver="bridge", internal=True, labels={"pybench-eval.role": "fidelity"})
     began = time.monotonic()
@@ -159,7 +166,10 @@ def main() -> int:
         causes.update(row["causes"])
         print(f"task {row['task']:>4}: {row['matched']:>2}/{row['cells']:<2} cells match  {row['causes'] or ''}")
     exact = sum(1 for r in rows if r["cells"] and r["matched"] == r["cells"])
+    ok = sum(r["recorded_ok"] for r in rows)
+    ok_matched = sum(r["recorded_ok_matched"] for r in rows)
     print(f"\n{matched}/{cells} cells match ({matched / cells:.1%}); {exact}/{len(rows)} tasks match in every cell")
+    print(f"where the recording ran without error: {ok_matched}/{ok} cells match ({ok_matched / max(ok, 1):.1%})")
     print(f"mismatch causes: {dict(causes.most_common())}; skipped (no recording or inputs): {skipped}")
     figures = {
         "bench": "replay_fidelity",
@@ -169,6 +179,9 @@ def main() -> int:
         "cells_matched": matched,
         "cell_match_rate": round(matched / cells, 4) if cells else 0.0,
         "tasks_fully_matched": exact,
+        "recorded_ok_cells": ok,
+        "recorded_ok_matched": ok_matched,
+        "recorded_ok_match_rate": round(ok_matched / ok, 4) if ok else 0.0,
         "causes": dict(causes),
         "wall_s": round(time.monotonic() - began, 1),
     }
