@@ -5,6 +5,7 @@ outgrows the model's context or the model replies with nothing (the model's limi
 or when the model endpoint or the sandbox fails (an infrastructure error, recorded as such in the trajectory).
 """
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,42 @@ class AgentRun:
     error: str | None = None
 
 
+EXECUTE_PYTHON_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "execute_python",
+        "description": "Run Python code in a Jupyter kernel whose working directory holds ./data (the inputs) and "
+        "./output (where files must be saved). State persists between calls. Returns the cell's output.",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "The Python code of one cell."}},
+            "required": ["code"],
+        },
+    },
+}
+"""The one tool of the tool-calling mode."""
+
+
+def tool_code(call: dict[str, Any]) -> tuple[str | None, str]:
+    """The code of an ``execute_python`` call, or None with the reason it cannot run."""
+    function = call.get("function") or {}
+    if function.get("name") != "execute_python":
+        return None, f"unknown tool {function.get('name')!r}: the only tool is execute_python"
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except ValueError:
+        return None, 'the arguments are not JSON: send {"code": "..."}'
+    code = arguments.get("code") if isinstance(arguments, dict) else None
+    if not isinstance(code, str) or not code.strip():
+        return None, "the arguments need a non-empty string 'code'"
+    return code, ""
+
+
+def _not_run(calls: list[dict[str, Any]]) -> list[Message]:
+    """The answers to the calls of a reply after its first: each needs one, and only one cell runs per turn."""
+    return [Message(role="tool", tool_call_id=call.get("id"), content="not run: one call per turn") for call in calls]
+
+
 def run_agent(
     messages: list[Message],
     model: ModelClient,
@@ -36,25 +73,32 @@ def run_agent(
     max_turns: int,
     cell_timeout_s: float,
     sampling: dict[str, Any],
+    tools: bool = False,
 ) -> AgentRun:
-    """Run the loop from the opening ``messages``; never raises for model or sandbox failures."""
+    """Run the loop from the opening ``messages``; never raises for model or sandbox failures.
+
+    ``tools``: offer ``execute_python`` through the OpenAI tools API instead of reading code from the reply's
+    text; the first call of a reply runs (further ones are answered as not run), and a reply without a call
+    ends the session.
+    """
     run = AgentRun(messages=list(messages))
     for index in range(1, max_turns + 1):
         try:
-            completion = model.complete(run.messages, sampling)
+            completion = model.complete(run.messages, sampling, [EXECUTE_PYTHON_TOOL] if tools else None)
         except ModelContextLengthError as exc:
             run.end_reason, run.error = EndReason.CONTEXT_LENGTH, str(exc)
             return run
         except ModelEndpointError as exc:
             run.end_reason, run.error = EndReason.MODEL_ERROR, str(exc)
             return run
-        if not completion.text.strip():
+        if not completion.text.strip() and not (tools and completion.tool_calls):
             run.end_reason, run.error = (
                 EndReason.EMPTY_REPLY,
                 f"the model replied with nothing ({completion.finish_reason})",
             )
             return run
-        run.messages.append(Message(role="assistant", content=completion.text))
+        calls = completion.tool_calls if tools else []
+        run.messages.append(Message(role="assistant", content=completion.text, tool_calls=calls or None))
         turn = Turn(
             index=index,
             reply=completion.text,
@@ -63,10 +107,20 @@ def run_agent(
             model_latency_s=completion.latency_s,
         )
         run.turns.append(turn)
-        code = extract_code(completion.text)
-        if code is None:
-            run.end_reason = EndReason.NO_CODE
-            return run
+        if tools:
+            if not calls:
+                run.end_reason = EndReason.NO_CODE
+                return run
+            code, problem = tool_code(calls[0])
+            if code is None:
+                run.messages.append(Message(role="tool", tool_call_id=calls[0].get("id"), content=problem))
+                run.messages.extend(_not_run(calls[1:]))
+                continue
+        else:
+            code = extract_code(completion.text)
+            if code is None:
+                run.end_reason = EndReason.NO_CODE
+                return run
         turn.code = code
         started = time.monotonic()
         try:
@@ -78,7 +132,11 @@ def run_agent(
         execution.images = output.images[:MAX_IMAGES_PER_CELL]
         execution.images_dropped = max(0, len(output.images) - MAX_IMAGES_PER_CELL) + output.dropped_images
         turn.execution = execution
-        run.messages.append(interpreter_message(execution, output))
+        reported = interpreter_message(execution, output)
+        if tools:
+            reported = Message(role="tool", tool_call_id=calls[0].get("id"), content=reported.content)
+        run.messages.append(reported)
+        run.messages.extend(_not_run(calls[1:]))
         log.debug("turn %d: cell ran in %.3f s", index, time.monotonic() - started)
     run.end_reason = EndReason.MAX_TURNS
     return run

@@ -10,7 +10,7 @@ token and never appears in a message, a log or a repr.
 import random
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -42,6 +42,8 @@ class Completion:
     completion_tokens: int | None
     latency_s: float
     finish_reason: str | None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    """The reply's calls of the tools offered (OpenAI's ``tool_calls``), in order."""
 
 
 class ModelClient:
@@ -107,14 +109,18 @@ class ModelClient:
             attempt += 1
             time.sleep(delay)
 
-    def complete(self, messages: list[Message], sampling: dict[str, Any]) -> Completion:
-        """Ask for one chat completion.
+    def complete(
+        self, messages: list[Message], sampling: dict[str, Any], tools: list[dict[str, Any]] | None = None
+    ) -> Completion:
+        """Ask for one chat completion, offering ``tools`` (OpenAI's tools API) when given.
 
         Raises:
             ModelUnreachableError: no answer after the retries.
             ModelResponseError: the answer is an error or not a chat completion.
         """
         body = {"model": self.model, "messages": [m.model_dump() for m in messages], **sampling}
+        if tools:
+            body["tools"] = tools
         started = time.monotonic()
         response = self._post(body)
         latency = time.monotonic() - started
@@ -130,6 +136,7 @@ class ModelClient:
             payload = response.json()
             choice = payload["choices"][0]
             text = choice["message"].get("content") or ""
+            calls = [dict(call) for call in choice["message"].get("tool_calls") or []]
             usage = payload.get("usage") or {}
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ModelResponseError(f"not a chat completion: {self._redact(response.text)[:300]}") from exc
@@ -139,4 +146,5 @@ class ModelClient:
             completion_tokens=usage.get("completion_tokens"),
             latency_s=latency,
             finish_reason=choice.get("finish_reason"),
+            tool_calls=calls,
         )

@@ -158,6 +158,7 @@ def run_task_session(
             max_turns=evaluation.max_turns,
             cell_timeout_s=evaluation.cell_timeout_s,
             sampling=sampling_for(evaluation, suite),
+            tools=evaluation.mode == "tools",
         )
         try:
             files = backend.get_tree(handle, f"{WORKSPACE}/output")

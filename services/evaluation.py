@@ -77,6 +77,11 @@ class EvaluationCreate(BaseModel):
     max_turns: int = Field(default=DEFAULT_MAX_TURNS, ge=1, le=30)
     cell_timeout_s: float = Field(default=DEFAULT_CELL_TIMEOUT_S, gt=0, le=3600)
     prompt: str = Field(default=DEFAULT_PROMPT, pattern=r"^[a-z0-9_]{1,64}$")
+    mode: Literal["pybench", "tools"] = Field(
+        default="pybench",
+        description="pybench: code read from the reply's text, as the benchmark; tools: an execute_python tool "
+        "over the OpenAI tools API, for models that prefer native tool calling.",
+    )
     sampling: Sampling = Field(default_factory=Sampling)
     judge: JudgeConfig | None = Field(default=None, description="An LLM judge besides the unit tests (optional).")
     preflight: bool = Field(
@@ -138,6 +143,7 @@ class Evaluation(BaseModel):
     max_turns: int
     cell_timeout_s: float
     prompt: str
+    mode: Literal["pybench", "tools"] = "pybench"
     sampling: Sampling
     judge: JudgeConfig | None = None
     has_judge_api_key: bool = False

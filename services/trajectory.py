@@ -9,15 +9,26 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 MAX_IMAGES_PER_CELL = 8
 """Images kept per cell in the trajectory (charts a cell displayed); the rest are counted in ``images_dropped``."""
 
 
 class Message(BaseModel):
-    role: Literal["system", "user", "assistant"]
+    """A chat message. In PyBench mode only ``role`` and ``content`` (as the recordings); in tools mode an
+    assistant message may carry ``tool_calls`` and a ``tool`` message answers one by ``tool_call_id``. Fields
+    that are None are left out when dumped, so PyBench-mode messages dump exactly as recorded."""
+
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_nones(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dumped: dict[str, Any] = handler(self)
+        return {key: value for key, value in dumped.items() if value is not None or key == "content"}
 
 
 class Execution(BaseModel):

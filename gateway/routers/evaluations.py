@@ -139,6 +139,7 @@ def create_evaluation(
             max_turns=body.max_turns,
             cell_timeout_s=body.cell_timeout_s,
             prompt=body.prompt,
+            mode=body.mode,
             sampling=body.sampling,
             judge=body.judge,
             has_judge_api_key=body.judge_api_key is not None,

@@ -1,0 +1,110 @@
+"""The tool-calling mode: the model calls `execute_python` through the OpenAI tools API; a real kernel (the
+local backend's gateway) runs the code; the output goes back as a `tool` message. Against a real scripted
+server on loopback that checks the request as an OpenAI server would."""
+
+import json
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from executor.agent import EXECUTE_PYTHON_TOOL, run_agent
+from executor.kernel import KernelClient
+from executor.model import ModelClient
+from executor.sandboxes.base import SandboxSpec
+from executor.sandboxes.local import LocalSandboxBackend
+from services.trajectory import EndReason, Message
+from tests.servers import serve
+
+
+def call(call_id: str, arguments: str, name: str = "execute_python") -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+class ToolServer:
+    """Replies in order; records each request's messages and tools."""
+
+    def __init__(self) -> None:
+        self.replies: deque[dict[str, Any]] = deque()
+        self.requests: list[dict[str, Any]] = []
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def complete(request: Request) -> JSONResponse:
+            body = await request.json()
+            self.requests.append(body)
+            message = self.replies.popleft()
+            choice = {"index": 0, "message": {"role": "assistant", **message}, "finish_reason": "tool_calls"}
+            return JSONResponse({"id": "c", "object": "chat.completion", "choices": [choice]})
+
+        return app
+
+
+@pytest.fixture()
+def server() -> Iterator[tuple[ToolServer, str]]:
+    scripted = ToolServer()
+    with serve(scripted.app()) as url:
+        yield scripted, url + "/v1"
+
+
+@pytest.fixture()
+def kernel(tmp_path: Path) -> Iterator[KernelClient]:
+    backend = LocalSandboxBackend(root=tmp_path)
+    handle = backend.start(SandboxSpec("tool-mode", 1, 1, image="local"))
+    client = KernelClient(handle.url, handle.token, probe_scope=None)
+    client.start()
+    yield client
+    client.close()
+    backend.stop(handle)
+
+
+def test_code_runs_through_execute_python_calls_and_comes_back_as_tool_messages(
+    server: tuple[ToolServer, str], kernel: KernelClient
+) -> None:
+    scripted, url = server
+    scripted.replies.extend(
+        [
+            {"content": None, "tool_calls": [call("c1", json.dumps({"code": "x = 17 * 23\nprint(x)"}))]},
+            {"content": "", "tool_calls": [call("c2", "not json"), call("c3", json.dumps({"code": "print(1)"}))]},
+            {"content": "", "tool_calls": [call("c4", json.dumps({"code": "print(x + 1)"}))]},
+            {"content": "Finished: 17 * 23 = 391"},
+        ]
+    )
+    model = ModelClient(url, "m", retries=0)
+    opening = [Message(role="system", content="s"), Message(role="user", content="compute 17 * 23")]
+    run = run_agent(opening, model, kernel, max_turns=10, cell_timeout_s=30, sampling={}, tools=True)
+    assert run.end_reason is EndReason.NO_CODE
+    assert all(request["tools"] == [EXECUTE_PYTHON_TOOL] for request in scripted.requests)
+    roles = [(m.role, m.tool_call_id) for m in run.messages[2:]]
+    assert roles == [
+        ("assistant", None),
+        ("tool", "c1"),
+        ("assistant", None),
+        ("tool", "c2"),
+        ("tool", "c3"),
+        ("assistant", None),
+        ("tool", "c4"),
+        ("assistant", None),
+    ]
+    assert "391" in run.messages[3].content
+    assert "not JSON" in run.messages[5].content and run.messages[6].content == "not run: one call per turn"
+    assert "392" in run.messages[8].content  # the kernel kept its state between calls
+    assert run.messages[-1].content == "Finished: 17 * 23 = 391"
+    # The model saw its own calls and their answers, as OpenAI's API wants them.
+    last = scripted.requests[-1]["messages"]
+    assert last[2]["tool_calls"][0]["id"] == "c1" and last[3] == {
+        "role": "tool",
+        "content": run.messages[3].content,
+        "tool_call_id": "c1",
+    }
+    assert [t.code for t in run.turns] == ["x = 17 * 23\nprint(x)", None, "print(x + 1)", None]
+
+
+def test_pybench_mode_messages_dump_exactly_as_recorded() -> None:
+    assert Message(role="user", content="q").model_dump() == {"role": "user", "content": "q"}
