@@ -21,13 +21,9 @@ from executor.worker import current_pool
 from services.evaluation import TaskState
 from services.netguard import EgressPolicy, pinned_transport
 from services.queues import (
-    DEFAULT_GRADE_JOB_TIMEOUT_S,
-    GRADE_SESSION_JOB,
-    GRADING_QUEUE,
     GradeJob,
     SessionJob,
-    enqueue,
-    grade_job_id,
+    enqueue_grading,
 )
 from services.state import StateStore
 from services.store import ArtifactStore
@@ -84,14 +80,7 @@ def execute_session(
     store.put_trajectory(trajectory)
     state.set_task_state(evaluation.id, task.index, TaskState.GRADING)
     grade = GradeJob(evaluation_id=evaluation.id, task_index=task.index, attempt=job.attempt)
-    enqueue(
-        redis,
-        GRADING_QUEUE,
-        GRADE_SESSION_JOB,
-        grade,
-        job_id=grade_job_id(grade),
-        timeout_s=DEFAULT_GRADE_JOB_TIMEOUT_S,
-    )
+    enqueue_grading(redis, grade)
     log.info(
         "task %d of %s: %s after %d turns in %s",
         task.index,

@@ -27,14 +27,13 @@ def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = 
         ConfigurationError: no suite at ``PBE_SUITE_PATH``.
     """
     settings = settings or GatewaySettings()
-    settings.require_suite()
+    suite = load_suite(settings.require_suite(), settings.SUITE_NAME)
     redis = Redis.from_url(settings.REDIS_URL)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         stop = threading.Event()
         if settings.RECONCILE_INTERVAL_S > 0:
-            suite = load_suite(settings.require_suite(), settings.SUITE_NAME)
             store = ArtifactStore(settings.ARTIFACT_ROOT)
             reconcile.run_periodically(redis, store, suite, settings.RECONCILE_INTERVAL_S, stop)
         yield
@@ -50,7 +49,7 @@ def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = 
     app.state.settings = settings
     app.state.redis = redis
     app.state.egress_resolver = resolver
-    openapi.install(app, load_suite(settings.require_suite(), settings.SUITE_NAME))
+    openapi.install(app, suite)
     install_problem_handlers(app)
     app.include_router(evaluations.router)
     app.include_router(suites.router)

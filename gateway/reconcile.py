@@ -28,16 +28,11 @@ from rq.serializers import JSONSerializer
 
 from services.evaluation import TaskState
 from services.queues import (
-    DEFAULT_GRADE_JOB_TIMEOUT_S,
-    DEFAULT_SESSION_JOB_TIMEOUT_S,
-    GRADE_SESSION_JOB,
-    GRADING_QUEUE,
     MAX_SESSION_ATTEMPTS,
-    RUN_SESSION_JOB,
-    SESSIONS_QUEUE,
     GradeJob,
     SessionJob,
-    enqueue,
+    enqueue_grading,
+    enqueue_session,
     grade_job_id,
     session_job_id,
 )
@@ -133,14 +128,7 @@ def reconcile(redis: Redis, store: ArtifactStore, suite: Suite) -> Report:
                     continue  # the session is still finishing
                 if store.has_trajectory(evaluation_id, index, attempt):
                     _drop_stale(redis, grade_job_id(grading))
-                    enqueue(
-                        redis,
-                        GRADING_QUEUE,
-                        GRADE_SESSION_JOB,
-                        grading,
-                        job_id=grade_job_id(grading),
-                        timeout_s=DEFAULT_GRADE_JOB_TIMEOUT_S,
-                    )
+                    enqueue_grading(redis, grading)
                     report.gradings.append(grade_job_id(grading))
                 else:
                     _requeue_session(redis, state, session, report)
@@ -156,9 +144,7 @@ def _drop_stale(redis: Redis, job_id: str) -> None:
 def _requeue_session(redis: Redis, state: StateStore, job: SessionJob, report: Report) -> None:
     state.set_task_state(job.evaluation_id, job.task_index, TaskState.QUEUED)
     _drop_stale(redis, session_job_id(job))
-    enqueue(
-        redis, SESSIONS_QUEUE, RUN_SESSION_JOB, job, job_id=session_job_id(job), timeout_s=DEFAULT_SESSION_JOB_TIMEOUT_S
-    )
+    enqueue_session(redis, job)
     report.sessions.append(session_job_id(job))
 
 

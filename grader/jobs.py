@@ -13,18 +13,13 @@ from grader.check_sandbox import run_file_checks
 from grader.grading import FileCheckRunner, grade
 from grader.judging import judge_session
 from grader.settings import GraderSettings
-from grader.variants import Grading, checks_for
 from services.metrics import build_results
 from services.netguard import EgressPolicy
 from services.queues import (
-    DEFAULT_SESSION_JOB_TIMEOUT_S,
     MAX_SESSION_ATTEMPTS,
-    RUN_SESSION_JOB,
-    SESSIONS_QUEUE,
     GradeJob,
     SessionJob,
-    enqueue,
-    session_job_id,
+    enqueue_session,
 )
 from services.state import StateStore
 from services.store import ArtifactStore
@@ -41,10 +36,8 @@ def sandbox_runner(
     """
 
     def run(checks: list[dict[str, Any]]) -> list[Any]:
-        task = suite.task(job.task_index)
-        named = [c for grading in Grading for c in checks_for(task.index, task.checks, grading)]
         output_dir = store.output_dir(job.evaluation_id, job.task_index, job.attempt)
-        files = session_files.gather(output_dir, suite, named)
+        files = session_files.gather(output_dir, suite, checks)
         return run_file_checks(checks, files, image=image, timeout_s=timeout_s)
 
     return run
@@ -107,14 +100,7 @@ def _retry(job: GradeJob, verdict: Verdict, *, redis: Redis, state: StateStore, 
     store.put_verdict(verdict)
     state.reopen_task(job.evaluation_id, job.task_index, job.attempt + 1)
     session = SessionJob(evaluation_id=job.evaluation_id, task_index=job.task_index, attempt=job.attempt + 1)
-    enqueue(
-        redis,
-        SESSIONS_QUEUE,
-        RUN_SESSION_JOB,
-        session,
-        job_id=session_job_id(session),
-        timeout_s=DEFAULT_SESSION_JOB_TIMEOUT_S,
-    )
+    enqueue_session(redis, session)
     return {"task": job.task_index, "status": verdict.status.value, "retried_as_attempt": session.attempt}
 
 

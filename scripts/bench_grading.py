@@ -86,10 +86,9 @@ def grade_task(
     trajectory = Trajectory(
         evaluation_id="bench-grading", task_index=task.index, attempt=1, messages=messages, end_reason=EndReason.NO_CODE
     )
-    named = [c for grading in Grading for c in checks_for(task.index, task.checks, grading)]
 
     def run(checks: list[dict[str, Any]]) -> list[CheckResult]:
-        return run_file_checks(checks, session_files.gather(folder, suite, named), image=image, timeout_s=120)
+        return run_file_checks(checks, session_files.gather(folder, suite, checks), image=image, timeout_s=120)
 
     began = time.perf_counter()
     verdict = grade(task, trajectory, produced, run)

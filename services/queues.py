@@ -102,3 +102,17 @@ def cancel_job(redis: Redis, job_id: str) -> bool:
         return False
     job.cancel()
     return True
+
+
+def enqueue_session(redis: Redis, job: SessionJob) -> Any:
+    """Queue a task session under its deterministic id (see ``enqueue``). Returns the RQ job."""
+    return enqueue(
+        redis, SESSIONS_QUEUE, RUN_SESSION_JOB, job, job_id=session_job_id(job), timeout_s=DEFAULT_SESSION_JOB_TIMEOUT_S
+    )
+
+
+def enqueue_grading(redis: Redis, job: GradeJob) -> Any:
+    """Queue the grading of a finished session under its deterministic id (see ``enqueue``). Returns the RQ job."""
+    return enqueue(
+        redis, GRADING_QUEUE, GRADE_SESSION_JOB, job, job_id=grade_job_id(job), timeout_s=DEFAULT_GRADE_JOB_TIMEOUT_S
+    )

@@ -16,7 +16,6 @@ import pytest
 from grader import session_files
 from grader.check_sandbox import run_file_checks
 from grader.grading import grade
-from grader.variants import Grading, checks_for
 from services.suite import Suite, load_suite
 from services.trajectory import EndReason, Message, Trajectory
 from services.verdict import CheckResult, VerdictStatus
@@ -108,10 +107,9 @@ def test_recorded_sessions_differ_between_the_gradings_exactly_where_the_benchma
 ) -> None:
     task = suite.task(index)
     output_dir = outputs / str(index)
-    named = [c for grading in Grading for c in checks_for(index, task.checks, grading)]
 
     def run(checks: list[dict[str, Any]]) -> list[CheckResult]:
-        return run_file_checks(checks, session_files.gather(output_dir, suite, named), image=IMAGE, timeout_s=120)
+        return run_file_checks(checks, session_files.gather(output_dir, suite, checks), image=IMAGE, timeout_s=120)
 
     produced = sorted(f"./output/{p.name}" for p in output_dir.iterdir()) if output_dir.is_dir() else []
     verdict = grade(task, recorded(suite_path, index), produced, run)

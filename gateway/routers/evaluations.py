@@ -5,7 +5,6 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, Field
-from redis import Redis
 
 from gateway import events, idempotency, limits
 from gateway.auth import Caller
@@ -26,12 +25,9 @@ from services.evaluation import (
 from services.metrics import build_results
 from services.netguard import EgressPolicy
 from services.queues import (
-    DEFAULT_SESSION_JOB_TIMEOUT_S,
-    RUN_SESSION_JOB,
-    SESSIONS_QUEUE,
     SessionJob,
     cancel_job,
-    enqueue,
+    enqueue_session,
     session_job_id,
 )
 from services.state import EvaluationNotFoundError, StateStore
@@ -157,14 +153,8 @@ def create_evaluation(
         raise
     idempotency.confirm(redis, claim, settings.IDEMPOTENCY_TTL_S)
     for index in runnable:
-        _enqueue_session(redis, SessionJob(evaluation_id=evaluation.id, task_index=index))
+        enqueue_session(redis, SessionJob(evaluation_id=evaluation.id, task_index=index))
     return _view(state, evaluation)
-
-
-def _enqueue_session(redis: Redis, job: SessionJob) -> None:
-    enqueue(
-        redis, SESSIONS_QUEUE, RUN_SESSION_JOB, job, job_id=session_job_id(job), timeout_s=DEFAULT_SESSION_JOB_TIMEOUT_S
-    )
 
 
 def _view(state: StateStore, evaluation: Evaluation) -> EvaluationView:
@@ -260,7 +250,7 @@ def retry_tasks(
     for index in wanted:
         job = SessionJob(evaluation_id=evaluation.id, task_index=index, attempt=verdicts[index].attempt + 1)
         state.reopen_task(evaluation.id, index, job.attempt)
-        _enqueue_session(redis, job)
+        enqueue_session(redis, job)
     return _view(state, evaluation)
 
 
