@@ -116,28 +116,42 @@ class KernelClient:
             ) from exc
         self._binary = self._ws.getsubprotocol() == V1_SUBPROTOCOL
 
-    def run_silent(self, code: str, timeout_s: float = DEFAULT_HTTP_TIMEOUT_S) -> dict[str, Any]:
+    def run_silent(
+        self, code: str, timeout_s: float = DEFAULT_HTTP_TIMEOUT_S, *, require_iopub: bool = False
+    ) -> dict[str, Any]:
         """Run ``code`` without history or output (setup, warm-up imports) and return its ``execute_reply``
         content (``status``, ``user_expressions``...). The probe is read too, so the next cell's CPU time
-        does not include this code's.
+        does not include this code's. ``require_iopub``: also wait for the request's ``idle`` status, which
+        comes on the output channel (proof that a cell's output will reach this client).
 
         Raises:
-            SandboxUnavailableError: the kernel did not answer within ``timeout_s``, or its channels closed.
+            SandboxUnavailableError: the kernel did not answer within ``timeout_s`` (with ``require_iopub``,
+                its idle status did not come within ``PROBE_REPLY_TIMEOUT_S`` of the reply), or its channels
+                closed.
         """
         if self._ws is None:
             raise SandboxUnavailableError("the kernel is not started; call start() first")
         request = self._execute_request(code, silent=True, user_expressions=self._probe_expressions())
         msg_id = request["header"]["msg_id"]
         deadline = time.monotonic() + timeout_s
+        reply: dict[str, Any] | None = None
+        idle = not require_iopub
         try:
             self._send(request)
-            while True:
+            while reply is None or not idle:
                 message = self._receive(deadline)
                 if message is None:
-                    raise SandboxUnavailableError(f"the kernel did not answer a setup request within {timeout_s} s")
-                if message.get("parent_header", {}).get("msg_id") == msg_id and _type(message) == "execute_reply":
+                    channel = "its output channel" if reply is not None else "a setup request"
+                    raise SandboxUnavailableError(f"the kernel did not answer on {channel} in time")
+                if message.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                if _type(message) == "execute_reply":
                     self._read_probe(message)  # the next cell's CPU baseline
-                    return dict(message.get("content", {}))
+                    reply = dict(message.get("content", {}))
+                    deadline = min(deadline, time.monotonic() + PROBE_REPLY_TIMEOUT_S)
+                elif _type(message) == "status" and message.get("content", {}).get("execution_state") == "idle":
+                    idle = True
+            return reply
         except (websocket.WebSocketException, OSError) as exc:
             raise SandboxUnavailableError(f"lost the kernel's channels: {exc}") from exc
 
@@ -350,7 +364,9 @@ class KernelClient:
                 self._wait_until_settled(deadline)
                 self._session = uuid.uuid4().hex
                 self._connect()
-                self.run_silent("", timeout_s=min(10.0, max(1.0, deadline - time.monotonic())))
+                # The server checks a new connection's output channel only for a kernel it believes idle, and
+                # a kernel restarted out of a busy cell may still look busy: wait for output to flow.
+                self.run_silent("", timeout_s=min(10.0, max(1.0, deadline - time.monotonic())), require_iopub=True)
             except SandboxUnavailableError:
                 if time.monotonic() >= deadline:
                     raise
