@@ -9,8 +9,9 @@ Two modes:
   comparison is kept as ``preference`` (win / tie / lose against the reference).
 
 The judge asks for one JSON object and validates it with pydantic. It requests structured output
-(``response_format`` ``json_schema``); when the server rejects that with 400 or 422 it tries ``json_object``,
-then the prompt alone, and remembers (per ``Judge``) the first format the server accepted.
+(``response_format`` ``json_schema``); when the server rejects that (400 or 422, or any error status whose body
+names ``response_format``, as llama-cpp-python's server answers 500 for ``json_schema``) it tries
+``json_object``, then the prompt alone, and remembers (per ``Judge``) the first format the server accepted.
 
 Failure contract: whatever the endpoint or the judge model does, ``Judge.judge_absolute`` and
 ``Judge.judge_pairwise`` return a ``Judgment``, never raise: ``error`` when no usable chat completion came back
@@ -686,7 +687,7 @@ class Judge:
                 body["response_format"] = {"type": "json_object"}
             self._post(body, exchange)
             response = exchange.response
-            if response is not None and response.status_code in _FORMAT_REJECTED_STATUS and level in _FALLBACK:
+            if response is not None and _rejects_format(response) and level in _FALLBACK:
                 exchange.notes.append(f"response_format {level.value} got HTTP {response.status_code};")
                 logger.info(
                     "judge endpoint %s rejected response_format %s (HTTP %d): trying %s",
@@ -722,7 +723,9 @@ class Judge:
                     )
                     return
             else:
-                if response.status_code not in _RETRY_STATUS and response.status_code < 500:
+                if (response.status_code not in _RETRY_STATUS and response.status_code < 500) or (
+                    "response_format" in body and _rejects_format(response)
+                ):
                     exchange.response = response
                     return
                 problem = f"HTTP {response.status_code}"
@@ -745,6 +748,14 @@ class Judge:
                 wait,
             )
             time.sleep(wait)
+
+
+def _rejects_format(response: httpx.Response) -> bool:
+    """Whether an answer refuses the request's ``response_format``: 400 or 422, or an error status whose body
+    names it (a server error that would only repeat itself when retried)."""
+    if response.status_code in _FORMAT_REJECTED_STATUS:
+        return True
+    return response.status_code >= 400 and "response_format" in response.text[:4000]
 
 
 def _token_count(value: Any) -> int | None:

@@ -180,6 +180,37 @@ def test_falls_back_to_json_object_and_remembers(
     assert server.requests[-1].response_format == "json_object", "the judge remembers what the server supports"
 
 
+def test_a_server_error_naming_the_format_falls_back_at_once(
+    server: JudgeServer, make_judge: MakeJudge, task_44: Reference
+) -> None:
+    """llama-cpp-python's server answers ``json_schema`` with HTTP 500 and its validation error: retrying it would
+    only get the same answer, so the judge moves on to ``json_object`` straight away."""
+    refused = {
+        "error": {
+            "message": "1 validation error: ('body', 'response_format', 'type'): Input should be "
+            "'text' or 'json_object'",
+            "type": "internal_server_error",
+        }
+    }
+    server.script(Step(status=500, body=refused), Step(content=verdict(True)))
+    judge = make_judge()
+    judgment = judge.judge_absolute(task_44.query, task_44.messages)
+
+    assert judgment.status == JudgmentStatus.PASSED and judgment.attempts == 2
+    assert [r.response_format for r in server.requests] == ["json_schema", "json_object"]
+    assert judge.response_format == ResponseFormat.JSON_OBJECT
+
+
+def test_a_server_error_without_a_format_is_retried_and_not_a_format_rejection(
+    server: JudgeServer, make_judge: MakeJudge, task_44: Reference
+) -> None:
+    server.script(Step(status=500, body={"error": {"message": "out of memory"}}), Step(content=verdict(True)))
+    judgment = make_judge().judge_absolute(task_44.query, task_44.messages)
+
+    assert judgment.status == JudgmentStatus.PASSED and judgment.attempts == 2
+    assert [r.response_format for r in server.requests] == ["json_schema", "json_schema"]
+
+
 def test_falls_back_to_the_prompt_alone(server: JudgeServer, make_judge: MakeJudge, task_44: Reference) -> None:
     server.rejected_formats = {"json_schema", "json_object"}
     server.script(Step(content="Sure.\n" + verdict(True)))
