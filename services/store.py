@@ -79,7 +79,8 @@ class ArtifactStore:
         return self._read(self.attempt_dir(evaluation_id, task_index, attempt) / "trajectory.json", Trajectory)
 
     def put_output_file(self, evaluation_id: str, task_index: int, attempt: int, relative: str, data: bytes) -> None:
-        """Store one produced file under the attempt's ``output/``.
+        """Store one produced file under the attempt's ``output/``; a name ending in ``/`` is a folder the session
+        left empty (made, with nothing in it).
 
         Raises:
             StoreError: the relative name would leave the output folder, or the write failed.
@@ -88,17 +89,25 @@ class ArtifactStore:
         target = (base / relative).resolve()
         if not target.is_relative_to(base.resolve()) or target == base.resolve():
             raise StoreError(f"refusing output name {relative!r}: it leaves the output folder")
+        if relative.endswith("/"):
+            try:
+                target.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot make {target}: {exc}; check PBE_ARTIFACT_ROOT is writable") from exc
+            return
         self._write(target, data)
 
     def list_output_files(self, evaluation_id: str, task_index: int, attempt: int) -> list[str]:
-        """Return the produced files as ``./output/...`` names, sorted."""
+        """Return the produced files as ``./output/...`` names, and empty folders as ``./output/.../``, sorted."""
         base = self.output_dir(evaluation_id, task_index, attempt)
         if not base.is_dir():
             return []
         return sorted(
-            "./output/" + p.relative_to(base).as_posix()
+            "./output/" + p.relative_to(base).as_posix() + ("/" if p.is_dir() else "")
             for p in base.rglob("*")
-            if p.is_file() and not p.name.startswith(".")
+            if not p.name.startswith(".")
+            and not p.is_symlink()
+            and (p.is_file() or (p.is_dir() and not any(p.iterdir())))
         )
 
     def put_verdict(self, verdict: Verdict) -> None:

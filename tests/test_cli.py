@@ -468,6 +468,7 @@ def test_export_writes_results_a_pybench_trajectory_file_notebooks_and_saved_fil
         )
     )
     store.put_output_file(evaluation_id, 7, 1, "plots/7.png", b"png bytes")
+    store.put_output_file(evaluation_id, 7, 1, "game/", b"")  # a folder the session left empty
     StateStore(redis_client).put_verdict(verdict(evaluation_id, 7, VerdictStatus.PASSED))
     out = tmp_path / "export"
     run = cli("export", evaluation_id, "--out", str(out), "--notebooks", "--files")
@@ -484,6 +485,7 @@ def test_export_writes_results_a_pybench_trajectory_file_notebooks_and_saved_fil
     assert records[0]["category1"] == "简单数据分析处理（pandas）"
     assert records[0]["messages"][3] == {"role": "assistant", "content": reply} and len(records[1]["messages"]) == 5
     assert (out / "files" / "7" / "plots" / "7.png").read_bytes() == b"png bytes"
+    assert (out / "files" / "7" / "game").is_dir() and not any((out / "files" / "7" / "game").iterdir())
 
     notebook = nbformat.read(out / "notebooks" / "7.ipynb", as_version=4)
     nbformat.validate(notebook)

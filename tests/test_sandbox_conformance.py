@@ -202,6 +202,7 @@ def test_files_the_kernel_writes_to_output_come_back_and_links_are_skipped(
         kernel,
         "import os\n"
         "os.makedirs('./output/sub/deeper', exist_ok=True)\n"
+        "os.makedirs('./output/game/assets', exist_ok=True)\n"
         "open('./output/result.csv', 'w').write('x\\n1\\n')\n"
         "open('./output/sub/deeper/b.bin', 'wb').write(bytes(range(256)))\n"
         "os.symlink('/etc/hostname', './output/link-to-file')\n"
@@ -211,6 +212,7 @@ def test_files_the_kernel_writes_to_output_come_back_and_links_are_skipped(
     assert backend.get_tree(shared, "/workspace/output") == {
         "result.csv": b"x\n1\n",
         "sub/deeper/b.bin": bytes(range(256)),
+        "game/assets/": b"",  # an empty folder is a result too (task 140: "save the files to a folder")
     }
 
 

@@ -115,6 +115,18 @@ def test_a_recorded_session_replays_through_a_sandbox_of_its_own(
     assert StateStore(redis_client).task_states(evaluation.id) == {44: TaskState.GRADING}
 
 
+def test_a_folder_the_session_leaves_empty_is_kept_as_its_result(
+    run_session: RunSession, tmp_path: Path, replay_url: str
+) -> None:
+    """Task 140 asks for a game "saved to a folder ./output/140/"; the recorded run made the folder and wrote
+    nothing in it, and the suite's check (dir_exists) passes an empty folder."""
+    _, evaluation = run_session(140, replay_url)
+    trajectory = ArtifactStore(tmp_path).get_trajectory(evaluation.id, 140, 1)
+    assert "./output/140/" in trajectory.output_files
+    assert "./output/140/" in ArtifactStore(tmp_path).list_output_files(evaluation.id, 140, 1)
+    assert (tmp_path / "evaluations" / evaluation.id / "tasks/140/attempt-1/output/140").is_dir()
+
+
 def test_turn_limit_ends_the_session(run_session: RunSession, tmp_path: Path, replay_url: str) -> None:
     summary, evaluation = run_session(7, replay_url, max_turns=1)
     trajectory = ArtifactStore(tmp_path).get_trajectory(evaluation.id, 7, 1)

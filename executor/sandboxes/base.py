@@ -6,6 +6,7 @@ Running cells is not the backend's job: every backend exposes a kernel gateway (
 """
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from services.sandbox import SandboxHandle
@@ -56,7 +57,9 @@ class SandboxBackend(ABC):
 
     @abstractmethod
     def get_tree(self, handle: SandboxHandle, path: str) -> dict[str, bytes]:
-        """Return the regular files under the sandbox folder ``path``, keyed by path relative to it.
+        """Return the regular files under the sandbox folder ``path``, keyed by path relative to it, and each
+        folder under it that holds none of them as ``name/`` with empty content (an empty folder is a result:
+        "save the files to a folder ./output/140/").
 
         Symbolic links and special files are skipped. A missing folder gives an empty dict.
 
@@ -72,3 +75,16 @@ class SandboxBackend(ABC):
     def reap(self, evaluation_id: str | None = None, older_than_s: float = 0.0) -> list[str]:
         """Remove leftover sandboxes of this project (of one evaluation, or all) created more than
         ``older_than_s`` seconds ago, with everything they own; return their names."""
+
+
+def with_empty_folders(files: dict[str, bytes], folders: Iterable[str]) -> dict[str, bytes]:
+    """Add to ``files`` (relative names) each of ``folders`` (relative, without a trailing ``/``) that holds no
+    file or folder of them, as ``name/`` with empty content; return ``files``."""
+    names = list(files)
+    folders = [folder.strip("/") for folder in folders if folder.strip("/") not in ("", ".")]
+    occupied = {name.rsplit("/", 1)[0] for name in names + folders if "/" in name}
+    for folder in folders:
+        if folder not in occupied:
+            files[folder + "/"] = b""
+    return files
+

@@ -26,7 +26,7 @@ import docker.errors
 import httpx
 import requests
 
-from executor.sandboxes.base import SandboxBackend, SandboxSpec
+from executor.sandboxes.base import SandboxBackend, SandboxSpec, with_empty_folders
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
 from services.sandbox import SANDBOX_LABEL_PREFIX, SANDBOX_NAME_PREFIX, SandboxHandle, docker_created_epoch
 
@@ -293,15 +293,19 @@ class DockerSandboxBackend(SandboxBackend):
         buffer.seek(0)
         root = stat["name"]
         files: dict[str, bytes] = {}
+        folders: list[str] = []
         with tarfile.open(fileobj=buffer, mode="r") as tar:
             for member in tar:
+                relative = member.name[len(root) :].lstrip("/") if member.name.startswith(root) else member.name
+                if member.isdir():
+                    folders.append(relative)
+                    continue
                 if not member.isreg():
                     continue
-                relative = member.name[len(root) :].lstrip("/") if member.name.startswith(root) else member.name
                 extracted = tar.extractfile(member)
                 if relative and extracted is not None:
                     files[relative] = extracted.read()
-        return files
+        return with_empty_folders(files, folders)
 
     def _remove_volume(self, name: str) -> None:
         with contextlib.suppress(*_DOCKER_ERRORS):  # gone already, or the reaper removes it later

@@ -64,7 +64,7 @@ from typing import Any
 import httpx
 import psutil
 
-from executor.sandboxes.base import SandboxBackend, SandboxSpec
+from executor.sandboxes.base import SandboxBackend, SandboxSpec, with_empty_folders
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
 from services.sandbox import SANDBOX_LABEL_PREFIX, SANDBOX_NAME_PREFIX, SandboxHandle
 
@@ -315,8 +315,9 @@ class LocalSandboxBackend(SandboxBackend):
 
     def get_tree(self, handle: SandboxHandle, path: str) -> dict[str, bytes]:
         """Return the regular files under the sandbox folder ``path`` (``/workspace/...``), keyed by path
-        relative to it with ``/``. Symbolic links (to files or folders) and special files are skipped; a
-        missing folder, or one reached through a link, gives an empty dict.
+        relative to it with ``/``, and each folder that holds none of them as ``name/`` (empty content).
+        Symbolic links (to files or folders) and special files are skipped; a missing folder, or one reached
+        through a link, gives an empty dict.
 
         Raises:
             SandboxError: ``path`` is not under ``/workspace`` or climbs out with ``..``.
@@ -326,6 +327,7 @@ class LocalSandboxBackend(SandboxBackend):
         layout = self._layout(handle)
         parts = _workspace_parts(path)
         files: dict[str, bytes] = {}
+        folders: list[str] = []
         total = 0
         try:
             top_fd = _open_folder(layout.workspace, parts, create=False)
@@ -333,6 +335,7 @@ class LocalSandboxBackend(SandboxBackend):
                 return {}
             try:
                 for folder, _dirs, names, folder_fd in os.fwalk(".", dir_fd=top_fd, follow_symlinks=False):
+                    folders.append(os.path.normpath(folder).replace(os.sep, "/"))
                     for name in names:
                         data = _read_regular(name, folder_fd, DEFAULT_MAX_TREE_BYTES - total)
                         if data is None:
@@ -349,7 +352,7 @@ class LocalSandboxBackend(SandboxBackend):
         except OSError as exc:
             self._layout(handle)  # gone meanwhile: say so
             raise SandboxUnavailableError(f"cannot read {path} from sandbox {handle.name}: {exc}") from exc
-        return files
+        return with_empty_folders(files, folders)
 
     def stop(self, handle: SandboxHandle) -> None:
         """Kill the sandbox's processes and remove its folder. Never raises for a sandbox already gone."""

@@ -123,6 +123,9 @@ def _download_files(client: GatewayClient, trajectory: Trajectory, folder: Path)
         target = (base / relative).resolve()
         if not target.is_relative_to(base) or target == base:
             continue
+        if name.endswith("/"):  # a folder the session left empty
+            target.mkdir(parents=True, exist_ok=True)
+            continue
         data = client.download(trajectory.evaluation_id, trajectory.task_index, name, trajectory.attempt)
         _write(target, data)
         written.append(target)
