@@ -87,4 +87,3 @@ def with_empty_folders(files: dict[str, bytes], folders: Iterable[str]) -> dict[
         if folder not in occupied:
             files[folder + "/"] = b""
     return files
-
