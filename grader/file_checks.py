@@ -252,25 +252,37 @@ def csv_sorted_by(check: dict[str, Any], root: Path) -> Outcome:
 
 _PICKLE_LOADER = """\
 import pickle, sys
-with open(sys.argv[1], "rb") as file:
-    loaded = pickle.load(file)
-print("\\nloaded a " + type(loaded).__module__ + "." + type(loaded).__qualname__)
+how = "pickle.load"
+try:
+    with open(sys.argv[1], "rb") as file:
+        loaded = pickle.load(file)
+except Exception:
+    if sys.argv[2:] != ["joblib"]:
+        raise
+    import joblib
+    how = "joblib.load"
+    loaded = joblib.load(sys.argv[1])
+print("\\nloaded a " + type(loaded).__module__ + "." + type(loaded).__qualname__
+      + (" with joblib.load" if how == "joblib.load" else ""))
 """
 
 
 def pickle_loads(check: dict[str, Any], root: Path) -> Outcome:
     """``pickle.load`` of the file at ``path`` succeeds (with the libraries of this image: a model of a library
     the image lacks, e.g. keras, fails). A ``joblib.dump`` with numpy arrays is not a plain pickle and fails,
-    as it does in PyBench's test.
+    as it does in PyBench's test, unless ``joblib`` is true: then ``joblib.load`` is tried after ``pickle.load``.
 
     Loading runs the pickle's code, so it happens in a child interpreter of its own (isolated mode, no handle
     on this process's output): the code cannot rewrite the other checks' results. Its time counts against
     the sandbox's time limit.
     """
     path = _file(check, root)
+    with_joblib = check.get("joblib", False)
+    if not isinstance(with_joblib, bool):
+        raise MalformedCheck(f"pickle_loads: 'joblib' must be true or false, got {with_joblib!r}")
     with tempfile.TemporaryFile() as log:
         finished = subprocess.run(
-            [sys.executable, "-I", "-B", "-u", "-c", _PICKLE_LOADER, str(path)],
+            [sys.executable, "-I", "-B", "-u", "-c", _PICKLE_LOADER, str(path), *(["joblib"] if with_joblib else [])],
             cwd=root,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -280,12 +292,13 @@ def pickle_loads(check: dict[str, Any], root: Path) -> Outcome:
         log.seek(max(0, log.seek(0, os.SEEK_END) - 4096))
         lines = [line.strip() for line in log.read().decode(errors="replace").splitlines() if line.strip()]
     code = finished.returncode
+    how = "pickle.load and joblib.load" if with_joblib else "pickle.load"
     if code == 0 and lines and lines[-1].startswith("loaded a "):
         return True, lines[-1]
     if code < 0:
         cause = " (out of memory?)" if code == -9 else ""
-        return False, f"pickle.load failed: the loading process was killed by signal {-code}{cause}"
-    return False, f"pickle.load failed: {lines[-1] if lines else f'exit code {code}'}"
+        return False, f"{how} failed: the loading process was killed by signal {-code}{cause}"
+    return False, f"{how} failed: {lines[-1] if lines else f'exit code {code}'}"
 
 
 # -- images (PIL, numpy, cv2) --------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from pydub import AudioSegment
 from pydub.generators import Sine
 from mutagen.id3 import ID3, TXXX
 from sklearn.linear_model import LinearRegression
+from sklearn.ensemble import RandomForestClassifier
 
 files = {}
 
@@ -89,6 +90,16 @@ excel("output/numbers.xlsx", pd.DataFrame({"network": ["NBC", "CBS"], "viewers":
 excel("output/strings.xlsx", pd.DataFrame({"network": ["NBC", "CBS"], "viewers": ["1,500", "2,500"]}))
 
 files["output/model.pkl"] = pickle.dumps(LinearRegression().fit([[0.0], [1.0], [2.0]], [0.0, 1.0, 2.0]))
+
+def joblib_dump(name, **options):
+    import joblib
+    buffer = io.BytesIO()
+    forest = RandomForestClassifier(n_estimators=3, random_state=0).fit([[0.0], [1.0], [2.0]], [0, 1, 1])
+    joblib.dump(forest, buffer, **options)
+    files[name] = buffer.getvalue()
+
+joblib_dump("output/joblib_model.pkl")
+joblib_dump("output/joblib_zipped.pkl", compress=3)
 
 def wav(name, amplitude):
     t = np.arange(8000) / 8000
@@ -260,6 +271,11 @@ def suite_cases() -> list[tuple[bool | None, dict[str, Any]]]:
         case(False, "pickle_loads", path="./output/model.txt"),
         case(True, "pickle_loads", path="./output/network_probe.pkl"),
         case(True, "pickle_loads", path="./output/forger.pkl"),
+        case(False, "pickle_loads", path="./output/joblib_zipped.pkl"),  # not a plain pickle: PyBench fails it
+        case(True, "pickle_loads", path="./output/joblib_zipped.pkl", joblib=True),
+        case(True, "pickle_loads", path="./output/joblib_model.pkl", joblib=True),
+        case(True, "pickle_loads", path="./output/model.pkl", joblib=True),
+        case(False, "pickle_loads", path="./output/model.txt", joblib=True),
         case(False, "pickle_loads", path="./output/memory_hog.pkl"),
         case(True, "image_size", path="./output/224.png", width=224, height=224),
         case(False, "image_size", path="./output/wide.png", width=224, height=224),
@@ -402,6 +418,9 @@ def test_pickles_load_with_the_sandbox_libraries_and_without_network_or_reach(gr
     assert detail(graded, "pickle_loads", path="./output/network_probe.pkl") == "loaded a builtins.NoneType"
     # The forger's result lines reach neither the checker's output nor its own check's result.
     assert detail(graded, "pickle_loads", path="./output/forger.pkl") == "loaded a builtins.NoneType"
+    assert detail(graded, "pickle_loads", path="./output/joblib_zipped.pkl", joblib=True) == (
+        "loaded a sklearn.ensemble._forest.RandomForestClassifier with joblib.load"
+    )
     hog = detail(graded, "pickle_loads", path="./output/memory_hog.pkl")
     assert hog.endswith("killed by signal 9 (out of memory?)")
 
