@@ -15,7 +15,7 @@ from executor.model import ModelClient
 from executor.pool import WarmPool
 from executor.sandboxes.base import SandboxBackend
 from executor.sandboxes.registry import get_backend
-from executor.session import SessionLimits, run_task_session
+from executor.session import SessionLimits, key_lost, run_task_session
 from executor.settings import ExecutorSettings
 from executor.worker import current_pool
 from services.evaluation import TaskState
@@ -55,6 +55,15 @@ def execute_session(
     task = suite.task(job.task_index)
     store = ArtifactStore(settings.ARTIFACT_ROOT)
     state.set_task_state(evaluation.id, task.index, TaskState.RUNNING)
+    api_key = state.model_key(evaluation.id)
+    if evaluation.has_api_key and api_key is None:
+        # Never call the endpoint without the key it was submitted with (nor start a sandbox for nothing).
+        trajectory = key_lost(evaluation, task, job.attempt, suite)
+        store.put_trajectory(trajectory)
+        state.set_task_state(evaluation.id, task.index, TaskState.GRADING)
+        enqueue_grading(redis, GradeJob(evaluation_id=evaluation.id, task_index=task.index, attempt=job.attempt))
+        log.warning("task %d of %s: not run, the model key is no longer held", task.index, evaluation.id)
+        return {"task": task.index, "end_reason": trajectory.end_reason.value, "turns": 0, "sandbox_id": None}
     limits = SessionLimits(
         image=settings.SANDBOX_IMAGE,
         memory_mb=settings.SANDBOX_MEMORY_MB,
@@ -65,7 +74,7 @@ def execute_session(
     model = ModelClient(
         evaluation.model.base_url,
         evaluation.model.model,
-        api_key=state.model_key(evaluation.id),
+        api_key=api_key,
         timeout_s=settings.MODEL_TIMEOUT_S,
         transport=pinned_transport(EgressPolicy.parse(settings.EGRESS_ALLOWLIST)),
     )

@@ -19,6 +19,7 @@ from executor.sandboxes.base import SandboxBackend, SandboxSpec
 from services.errors import SandboxError, SuiteError
 from services.evaluation import Evaluation
 from services.sandbox import SandboxHandle
+from services.state import DEFAULT_SECRET_TTL_S
 from services.suite import Suite
 from services.task import Task
 from services.trajectory import EndReason, SessionInfo, Trajectory
@@ -170,3 +171,27 @@ def run_task_session(
         backend.stop(handle)
     session.ended_at = datetime.now(UTC)
     return finish(run, session, files)
+
+
+KEY_LOST = (
+    "the model API key of this evaluation is no longer held (Redis lost it, or it expired {days} days after "
+    "submission), and the endpoint is never called without it: send it again with PUT "
+    "/v1/evaluations/{evaluation_id}/keys, then POST /v1/evaluations/{evaluation_id}/retry"
+)
+
+
+def key_lost(evaluation: Evaluation, task: Task, attempt: int, suite: Suite) -> Trajectory:
+    """The trajectory of a session not run because its model key is gone: the opening messages only, ended by
+    a model error that says how to send the key again (graded ``infra_error``, never ``failed``).
+
+    Raises:
+        SuiteError: the suite has no prompt of the evaluation's name.
+    """
+    return Trajectory(
+        evaluation_id=evaluation.id,
+        task_index=task.index,
+        attempt=attempt,
+        messages=opening_messages(suite.system_prompt(evaluation.prompt), task),
+        end_reason=EndReason.MODEL_ERROR,
+        error=KEY_LOST.format(days=DEFAULT_SECRET_TTL_S // 86400, evaluation_id=evaluation.id),
+    )

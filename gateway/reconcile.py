@@ -5,7 +5,8 @@ its trajectory and verdict there, so the store can always say what remains. The 
 
 1. restores into Redis an evaluation the store has and Redis lost (Redis ran without persistence and
    restarted): its tasks come back ``done`` with their stored verdicts, or ``queued`` (the model and judge keys
-   were in Redis only: sessions then run without them, and the log says so);
+   were in Redis only: a session then stops before calling the endpoint, with a model error that says to send
+   them again with ``PUT /v1/evaluations/<id>/keys``; the log says so too);
 2. for each evaluation still running, queues again the job a task waits on when no worker has it:
    a ``queued`` or ``running`` task's session (the executor crashed, or its job was lost), a ``grading``
    task's grading (or its session, when its trajectory never reached the store).
@@ -100,7 +101,12 @@ def restore(state: StateStore, store: ArtifactStore, suite: Suite, evaluation_id
             state.set_task_attempt(evaluation.id, index, verdict.attempt)
             state.put_verdict(verdict)
     if evaluation.has_api_key or evaluation.has_judge_api_key:
-        log.warning("evaluation %s was restored without its API keys (they were in Redis only)", evaluation.id)
+        log.warning(
+            "evaluation %s was restored without its API keys (they were in Redis only): its owner must send them "
+            "again (PUT /v1/evaluations/%s/keys) before its sessions can call the endpoint",
+            evaluation.id,
+            evaluation.id,
+        )
 
 
 def reconcile(redis: Redis, store: ArtifactStore, suite: Suite) -> Report:

@@ -11,7 +11,7 @@ from redis import Redis
 from grader import session_files
 from grader.check_sandbox import run_file_checks
 from grader.grading import FileCheckRunner, grade
-from grader.judging import judge_session
+from grader.judging import judge_key_lost, judge_session
 from grader.settings import GraderSettings
 from services.metrics import build_results
 from services.netguard import EgressPolicy
@@ -75,18 +75,22 @@ def grade_and_record(
     verdict = grade(task, trajectory, output_files, run_files)
     if verdict.status is VerdictStatus.INFRA_ERROR and job.attempt < MAX_SESSION_ATTEMPTS:
         return _retry(job, verdict, redis=redis, state=state, store=store)
-    judge = state.get(job.evaluation_id).judge
+    evaluation = state.get(job.evaluation_id)
+    judge = evaluation.judge
     if judge is not None and verdict.status is not VerdictStatus.INFRA_ERROR:
-        options = judge_options or {}
-        verdict.judgment = judge_session(
-            judge,
-            state.judge_key(job.evaluation_id),
-            task,
-            trajectory,
-            suite.root,
-            egress or EgressPolicy.parse(""),
-            **options,
-        )
+        judge_key = state.judge_key(job.evaluation_id)
+        if evaluation.has_judge_api_key and judge_key is None:
+            verdict.judgment = judge_key_lost(judge, job.evaluation_id)
+        else:
+            verdict.judgment = judge_session(
+                judge,
+                judge_key,
+                task,
+                trajectory,
+                suite.root,
+                egress or EgressPolicy.parse(""),
+                **(judge_options or {}),
+            )
     store.put_verdict(verdict)
     state.put_verdict(verdict)
     progress = state.progress(job.evaluation_id)

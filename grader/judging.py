@@ -64,6 +64,22 @@ def judge_session(
         )
 
 
+def judge_key_lost(config: JudgeConfig, evaluation_id: str) -> JudgeOutcome:
+    """The ``error`` outcome of a session not judged because the judge's key is gone (the endpoint is never
+    called without the key it was submitted with)."""
+    return JudgeOutcome(
+        mode=config.mode,
+        status="error",
+        reason=(
+            "the judge's API key is no longer held (Redis lost it, or it expired), and the judge is never called "
+            f"without it: send it again with PUT /v1/evaluations/{evaluation_id}/keys (sessions graded from then "
+            "on are judged)"
+        ),
+        judge_model=config.endpoint.model,
+        prompt_hash=prompt_hash(config.mode),
+    )
+
+
 def _judge(
     config: JudgeConfig,
     api_key: str | None,

@@ -76,6 +76,16 @@ class StateStore:
             raise EvaluationNotFoundError(f"no evaluation {evaluation_id!r}; list them with GET /v1/evaluations")
         return Evaluation.model_validate_json(raw)
 
+    def set_keys(self, evaluation_id: str, api_key: str | None, judge_api_key: str | None) -> None:
+        """Hold the evaluation's model and/or judge key again (after Redis lost them, or they expired), for
+        ``DEFAULT_SECRET_TTL_S`` from now. A None key is left as it is."""
+        pipe = self.redis.pipeline(transaction=True)
+        if api_key:
+            pipe.set(f"pbe:secret:model-key:{evaluation_id}", api_key, ex=DEFAULT_SECRET_TTL_S)
+        if judge_api_key:
+            pipe.set(f"pbe:secret:judge-key:{evaluation_id}", judge_api_key, ex=DEFAULT_SECRET_TTL_S)
+        pipe.execute()
+
     def model_key(self, evaluation_id: str) -> str | None:
         """Return the evaluation's model API key, or None when it has none."""
         raw = self.redis.get(f"pbe:secret:model-key:{evaluation_id}")

@@ -232,6 +232,27 @@ def test_a_repeated_post_with_an_idempotency_key_returns_the_same_evaluation(
     assert fresh.status_code == 201 and fresh.json()["evaluation"]["id"] != first.json()["evaluation"]["id"]
 
 
+def test_keys_lost_with_redis_can_be_sent_again_and_are_never_shown(
+    api: httpx.Client, app_settings: GatewaySettings, redis_client: Redis
+) -> None:
+    keyed = api.post("/v1/evaluations", json={**BODY, "api_key": CANARY_KEY}).json()["evaluation"]["id"]
+    redis_client.delete(f"pbe:secret:model-key:{keyed}")  # as after a Redis restart without persistence
+    sent = api.put(f"/v1/evaluations/{keyed}/keys", json={"api_key": CANARY_KEY})
+    assert sent.status_code == 200 and CANARY_KEY not in sent.text
+    assert StateStore(redis_client).model_key(keyed) == CANARY_KEY
+    assert 0 < redis_client.ttl(f"pbe:secret:model-key:{keyed}") <= 14 * 24 * 3600
+
+    assert api.put(f"/v1/evaluations/{keyed}/keys", json={}).status_code == 422
+    judge = api.put(f"/v1/evaluations/{keyed}/keys", json={"judge_api_key": JUDGE_CANARY_KEY})
+    assert judge.status_code == 409 and "without a judge API key" in judge.json()["detail"]
+    keyless = api.post("/v1/evaluations", json=BODY).json()["evaluation"]["id"]
+    refused = api.put(f"/v1/evaluations/{keyless}/keys", json={"api_key": CANARY_KEY})
+    assert refused.status_code == 409 and StateStore(redis_client).model_key(keyless) is None
+    with user_client(app_settings, redis_client, "mallory") as other:
+        assert other.put(f"/v1/evaluations/{keyed}/keys", json={"api_key": "sk-mallory"}).status_code == 404
+    assert StateStore(redis_client).model_key(keyed) == CANARY_KEY
+
+
 def test_cancelling_removes_the_queued_sessions_and_retry_reruns_failed_tasks(
     api: httpx.Client, redis_client: Redis
 ) -> None:

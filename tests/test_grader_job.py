@@ -175,3 +175,33 @@ def test_a_session_the_environment_broke_is_run_again_and_only_its_last_attempt_
     results = json.loads((tmp_path / "evaluations" / evaluation.id / "results.json").read_text())
     assert results["metrics"]["by_status"]["infra_error"] == 1 and results["metrics"]["by_status"]["failed"] == 0
     assert (tmp_path / "evaluations" / evaluation.id / "tasks/44/attempt-1/verdict.json").is_file()
+
+
+def test_a_judge_whose_key_is_gone_is_not_called_and_the_judgment_says_how_to_send_it(
+    redis_client: Redis, suite_path: Path, tmp_path: Path
+) -> None:
+    server = JudgeServer()
+    store, state = ArtifactStore(tmp_path), StateStore(redis_client)
+    with serve(server.app) as url:
+        evaluation = evaluation_of(
+            "judgekeylost",
+            [134],
+            judge=JudgeConfig(endpoint=ModelEndpoint(base_url=url + "/v1", model="judge-model")),
+            has_judge_api_key=True,
+        )
+        state.create(evaluation, None)  # as restored from the store: the key was in Redis only
+        store.put_trajectory(
+            Trajectory(
+                evaluation_id=evaluation.id,
+                task_index=134,
+                attempt=1,
+                end_reason=EndReason.NO_CODE,
+                messages=[Message(role="user", content="q"), Message(role="assistant", content="Finished: 2")],
+            )
+        )
+        job = GradeJob(evaluation_id=evaluation.id, task_index=134)
+        grade_and_record(job, redis=redis_client, suite=load_suite(suite_path), store=store, egress=LOOPBACK)
+    (verdict,) = state.verdicts(evaluation.id)
+    assert verdict.judgment is not None and verdict.judgment.status == "error"
+    assert f"PUT /v1/evaluations/{evaluation.id}/keys" in verdict.judgment.reason
+    assert server.requests == [], "the judge was called without its key"

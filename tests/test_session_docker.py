@@ -201,3 +201,47 @@ def test_the_model_key_reaches_the_endpoint_and_nothing_else(
     assert CANARY.encode() not in redis_dump(redis_client), "the key reached Redis outside the secret store"
     assert CANARY not in caplog.text, "the key reached a log"
     assert redis_client.get(f"pbe:secret:model-key:{evaluation.id}") == CANARY.encode()
+
+
+def test_a_session_whose_model_key_is_gone_never_calls_the_endpoint(
+    redis_url: str,
+    redis_client: Redis,
+    suite_path: Path,
+    tmp_path: Path,
+    sandbox_network: str,
+    echoing_model: tuple[str, list[str]],
+) -> None:
+    """Restored from the store after Redis lost its state, an evaluation submitted with a key has none: its
+    sessions stop before the model is called (or a sandbox started), with a model error that says what to do."""
+    url, seen = echoing_model
+    settings = ExecutorSettings(
+        REDIS_URL=redis_url,
+        SUITE_PATH=suite_path,
+        ARTIFACT_ROOT=tmp_path,
+        SANDBOX_NETWORK=sandbox_network,
+        EGRESS_ALLOWLIST="127.0.0.1",
+    )
+    evaluation = Evaluation(
+        id="keylost",
+        model=ModelEndpoint(base_url=url, model="m"),
+        suite="pybench",
+        tasks=[7],
+        max_turns=10,
+        cell_timeout_s=120,
+        prompt="gpt",
+        sampling=Sampling(),
+        has_api_key=True,
+    )
+    StateStore(redis_client).create(evaluation, None)
+    summary = execute_session(
+        SessionJob(evaluation_id=evaluation.id, task_index=7),
+        settings=settings,
+        redis=redis_client,
+        backend=DockerSandboxBackend(network=sandbox_network),
+    )
+    assert seen == [], "the endpoint was called without the key the evaluation was submitted with"
+    assert summary["sandbox_id"] is None and summary["turns"] == 0
+    trajectory = ArtifactStore(tmp_path).get_trajectory(evaluation.id, 7, 1)
+    assert trajectory.end_reason is EndReason.MODEL_ERROR and trajectory.session is None
+    assert f"PUT /v1/evaluations/{evaluation.id}/keys" in (trajectory.error or "")
+    assert StateStore(redis_client).task_states(evaluation.id) == {7: TaskState.GRADING}  # graded as infra_error

@@ -4,7 +4,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import FileResponse, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 
 from gateway import events, idempotency, limits
 from gateway.auth import Caller
@@ -251,6 +251,37 @@ def retry_tasks(
         job = SessionJob(evaluation_id=evaluation.id, task_index=index, attempt=verdicts[index].attempt + 1)
         state.reopen_task(evaluation.id, index, job.attempt)
         enqueue_session(redis, job)
+    return _view(state, evaluation)
+
+
+class KeysUpdate(BaseModel):
+    model_config = {"extra": "forbid"}
+
+    api_key: SecretStr | None = Field(default=None, description="The model endpoint's key, as submitted.")
+    judge_api_key: SecretStr | None = Field(default=None, description="The judge endpoint's key, as submitted.")
+
+
+@router.put(
+    "/{evaluation_id}/keys",
+    operation_id="put_evaluation_keys",
+    summary="Send an evaluation's API keys again (after the service lost them, or they expired)",
+)
+def put_keys(evaluation_id: str, body: KeysUpdate, caller: Caller, state: StateDep) -> EvaluationView:
+    """Keys live in Redis only, for 14 days: a Redis restart without persistence, or a long evaluation, loses
+    them, and sessions then stop with a model error that points here instead of calling the endpoint without
+    its key. Only keys the evaluation was submitted with are taken; they are never returned."""
+    evaluation = owned(state, caller, evaluation_id)
+    if body.api_key is None and body.judge_api_key is None:
+        raise Problem(422, "No key", "send api_key, judge_api_key or both")
+    if body.api_key is not None and not evaluation.has_api_key:
+        raise Problem(409, "No model key", "this evaluation was submitted without a model API key; submit a new one")
+    if body.judge_api_key is not None and not evaluation.has_judge_api_key:
+        raise Problem(409, "No judge key", "this evaluation was submitted without a judge API key; submit a new one")
+    state.set_keys(
+        evaluation.id,
+        body.api_key.get_secret_value() if body.api_key else None,
+        body.judge_api_key.get_secret_value() if body.judge_api_key else None,
+    )
     return _view(state, evaluation)
 
 
