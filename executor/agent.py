@@ -8,6 +8,7 @@ or when the model endpoint or the sandbox fails (an infrastructure error, record
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,8 +75,12 @@ def run_agent(
     cell_timeout_s: float,
     sampling: dict[str, Any],
     tools: bool = False,
+    cancelled: Callable[[], bool] | None = None,
 ) -> AgentRun:
     """Run the loop from the opening ``messages``; never raises for model or sandbox failures.
+
+    ``cancelled`` is asked before each turn: when it says so, the session ends ``cancelled`` (the turn in
+    flight, a model call and its cell, always finishes).
 
     ``tools``: offer ``execute_python`` through the OpenAI tools API instead of reading code from the reply's
     text; the first call of a reply runs (further ones are answered as not run), and a reply without a call
@@ -83,6 +88,9 @@ def run_agent(
     """
     run = AgentRun(messages=list(messages))
     for index in range(1, max_turns + 1):
+        if cancelled is not None and cancelled():
+            run.end_reason, run.error = EndReason.CANCELLED, "the evaluation was cancelled"
+            return run
         try:
             completion = model.complete(run.messages, sampling, [EXECUTE_PYTHON_TOOL] if tools else None)
         except ModelContextLengthError as exc:

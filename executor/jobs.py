@@ -28,6 +28,7 @@ from services.queues import (
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import load_suite
+from services.trajectory import EndReason
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +81,25 @@ def execute_session(
     )
     try:
         trajectory, files = run_task_session(
-            evaluation, task, job.attempt, suite=suite, backend=backend, limits=limits, model=model, pool=pool
+            evaluation,
+            task,
+            job.attempt,
+            suite=suite,
+            backend=backend,
+            limits=limits,
+            model=model,
+            pool=pool,
+            cancelled=lambda: state.cancelled(evaluation.id),
         )
     finally:
         model.close()
     for name, data in files.items():
         store.put_output_file(evaluation.id, task.index, job.attempt, name, data)
     store.put_trajectory(trajectory)
+    if trajectory.end_reason is EndReason.CANCELLED:
+        state.set_task_state(evaluation.id, task.index, TaskState.CANCELLED)
+        log.info("task %d of %s: stopped, the evaluation was cancelled", task.index, evaluation.id)
+        return {"task": task.index, "cancelled": True, "turns": trajectory.assistant_turns}
     state.set_task_state(evaluation.id, task.index, TaskState.GRADING)
     grade = GradeJob(evaluation_id=evaluation.id, task_index=task.index, attempt=job.attempt)
     enqueue_grading(redis, grade)

@@ -7,6 +7,7 @@ error in the trajectory. The sandbox is removed whatever happens.
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -90,9 +91,10 @@ def run_task_session(
     limits: SessionLimits,
     model: ModelClient,
     pool: WarmPool | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> SessionResult:
     """Run one task session in a sandbox of its own: taken from ``pool`` when given (already started), else
-    started now.
+    started now. ``cancelled`` is asked before each turn (see ``executor.agent.run_agent``).
 
     Returns:
         The trajectory, and the files the session left under ``./output`` keyed by path relative to it.
@@ -160,6 +162,7 @@ def run_task_session(
             cell_timeout_s=evaluation.cell_timeout_s,
             sampling=sampling_for(evaluation, suite),
             tools=evaluation.mode == "tools",
+            cancelled=cancelled,
         )
         try:
             files = backend.get_tree(handle, f"{WORKSPACE}/output")

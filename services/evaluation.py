@@ -121,7 +121,8 @@ class TaskState(StrEnum):
     DONE = "done"
     UNAVAILABLE = "unavailable"
     CANCELLED = "cancelled"
-    """The evaluation was cancelled before the task's session started."""
+    """The evaluation was cancelled before the task's session started or finished (a running session stops
+    before its next turn); it has no verdict."""
 
     @property
     def finished(self) -> bool:

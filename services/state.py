@@ -123,7 +123,8 @@ class StateStore:
     def cancel(self, evaluation_id: str) -> list[int]:
         """Mark the evaluation cancelled and its queued tasks ``cancelled``; returns those tasks.
 
-        Sessions already running finish and are graded; executors skip a cancelled evaluation's queued jobs.
+        Executors skip a cancelled evaluation's queued jobs; a running session stops before its next turn and
+        its task becomes ``cancelled`` (not graded). Sessions that already finished are graded.
         """
         self.redis.set(_key(evaluation_id, "cancelled"), "1")
         queued = [index for index, state in self.task_states(evaluation_id).items() if state is TaskState.QUEUED]

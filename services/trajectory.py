@@ -85,6 +85,8 @@ class EndReason(StrEnum):
     """The conversation outgrew the model's context window: the model's limit, graded as it stands."""
     EMPTY_REPLY = "empty_reply"
     """The model replied with nothing: graded as it stands."""
+    CANCELLED = "cancelled"
+    """The evaluation was cancelled while the session ran: it stopped before its next turn and is not graded."""
 
     @property
     def infra(self) -> bool:

@@ -245,3 +245,34 @@ def test_a_session_whose_model_key_is_gone_never_calls_the_endpoint(
     assert trajectory.end_reason is EndReason.MODEL_ERROR and trajectory.session is None
     assert f"PUT /v1/evaluations/{evaluation.id}/keys" in (trajectory.error or "")
     assert StateStore(redis_client).task_states(evaluation.id) == {7: TaskState.GRADING}  # graded as infra_error
+
+
+def test_a_running_session_of_a_cancelled_evaluation_stops_before_its_next_turn(
+    run_session: RunSession, redis_url: str, redis_client: Redis, tmp_path: Path
+) -> None:
+    """The model is asked once; while it answers, the evaluation is cancelled: the cell of that turn runs, then
+    the session stops instead of asking again, its task ``cancelled`` and not graded."""
+    app = FastAPI()
+    asked: list[int] = []
+
+    @app.post("/v1/chat/completions")
+    async def complete(request: Request) -> JSONResponse:
+        asked.append(1)
+        StateStore(Redis.from_url(redis_url)).cancel("sess7")
+        reply = "Action:\n```python\nprint(6 * 7)\n```"
+        return JSONResponse(
+            {
+                "choices": [{"message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5},
+            }
+        )
+
+    with serve(app) as url:
+        summary, evaluation = run_session(7, url + "/v1")
+    assert asked == [1] and summary["cancelled"] is True
+    trajectory = ArtifactStore(tmp_path).get_trajectory(evaluation.id, 7, 1)
+    assert trajectory.end_reason is EndReason.CANCELLED and len(trajectory.turns) == 1
+    assert trajectory.messages[-1].content == INTERPRETER_PREFIX + "42\n"
+    assert StateStore(redis_client).task_states(evaluation.id) == {7: TaskState.CANCELLED}
+    assert Queue(GRADING_QUEUE, connection=redis_client, serializer=JSONSerializer).count == 0
+    assert not docker.from_env().containers.list(all=True, filters={"label": "pybench-eval.evaluation=sess7"})

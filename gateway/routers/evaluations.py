@@ -209,7 +209,8 @@ def get_evaluation(evaluation_id: str, caller: Caller, state: StateDep) -> Evalu
 
 @router.post("/{evaluation_id}/cancel", operation_id="cancel_evaluation", summary="Cancel an evaluation")
 def cancel_evaluation(evaluation_id: str, caller: Caller, state: StateDep, redis: RedisDep) -> EvaluationView:
-    """Queued tasks are cancelled (their jobs removed); running sessions finish and are graded."""
+    """Queued tasks are cancelled (their jobs removed); a running session stops before its next turn (its
+    trajectory so far is kept, ungraded); sessions that already finished are graded."""
     evaluation = owned(state, caller, evaluation_id)
     for index in state.cancel(evaluation.id):
         job = SessionJob(
