@@ -148,8 +148,14 @@ class GatewayClient:
         return result
 
     def cancel(self, evaluation_id: str) -> dict[str, Any]:
-        """Cancel the evaluation's queued tasks (running ones finish); returns its view."""
+        """Cancel the evaluation's queued tasks (running ones stop at their next turn); returns its view."""
         result: dict[str, Any] = self._call("POST", f"/v1/evaluations/{evaluation_id}/cancel")
+        return result
+
+    def send_keys(self, evaluation_id: str, api_key: str | None, judge_api_key: str | None) -> dict[str, Any]:
+        """Give the gateway the evaluation's keys again (after it lost them); returns its view (without keys)."""
+        body = {name: key for name, key in (("api_key", api_key), ("judge_api_key", judge_api_key)) if key}
+        result: dict[str, Any] = self._call("PUT", f"/v1/evaluations/{evaluation_id}/keys", json=body)
         return result
 
     def retry(self, evaluation_id: str, tasks: list[int] | None = None) -> dict[str, Any]:

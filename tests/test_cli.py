@@ -384,7 +384,8 @@ def test_cancel_and_retry(cli: Callable[..., Run], client: GatewayClient, redis_
     assert run.status == 0
     assert (
         run.out.strip()
-        == f"evaluation {evaluation_id}: cancelled; 2 queued tasks cancelled, 0 running ones finish and are graded"
+        == f"evaluation {evaluation_id}: cancelled; 2 queued tasks cancelled, 0 running ones stop at their next "
+        "turn, 0 finished ones are graded"
     )
     assert StateStore(redis_client).cancelled(evaluation_id)
     assert_one_error_line(cli("retry", evaluation_id), 1, "HTTP 409: a cancelled evaluation is not run again")
@@ -395,6 +396,22 @@ def test_cancel_and_retry(cli: Callable[..., Run], client: GatewayClient, redis_
     assert retried.status == 0 and "2 tasks queued" in retried.out
     assert StateStore(redis_client).task_attempt(second, 7) == 2
     assert_one_error_line(cli("cancel", "nosuch"), 1, "HTTP 404: no evaluation 'nosuch'")
+
+
+def test_send_keys_gives_a_lost_key_back_without_printing_it(
+    cli: Callable[..., Run], client: GatewayClient, redis_client: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    evaluation_id = submit(client, [7], api_key=MODEL_KEY)
+    redis_client.delete(f"pbe:secret:model-key:{evaluation_id}")
+    assert_one_error_line(cli("send-keys", evaluation_id), 2, "needs --model-key-env VAR, --judge-key-env VAR")
+    assert_one_error_line(cli("send-keys", evaluation_id, "--model-key-env", "PBE_NO_SUCH_VAR"), 2, "not set")
+    monkeypatch.setenv("MY_MODEL_KEY", MODEL_KEY)
+    run = cli("send-keys", evaluation_id, "--model-key-env", "MY_MODEL_KEY")
+    assert run.status == 0 and "model key held again" in run.out and MODEL_KEY not in run.out + run.err
+    assert StateStore(redis_client).model_key(evaluation_id) == MODEL_KEY
+    refused = cli("send-keys", evaluation_id, "--judge-key-env", "MY_MODEL_KEY")
+    assert_one_error_line(refused, 1, "HTTP 409: this evaluation was submitted without a judge API key")
+    assert MODEL_KEY not in refused.err
 
 
 def test_the_leaderboard_lists_completed_evaluations(

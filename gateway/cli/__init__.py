@@ -101,8 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--model", metavar="NAME", help="only this model name")
     listing.add_argument("--limit", type=int, default=20, metavar="N", help="at most this many (default 20)")
 
-    cancel = add("cancel", "cancel queued tasks (running ones finish and are graded)", commands.cancel)
+    cancel = add("cancel", "cancel queued tasks (running ones stop at their next turn)", commands.cancel)
     cancel.add_argument("id", help="the evaluation id")
+
+    send_keys = add(
+        "send-keys", "give the gateway an evaluation's API keys again (after it lost them)", commands.send_keys
+    )
+    send_keys.add_argument("id", help="the evaluation id")
+    send_keys.add_argument("--model-key-env", metavar="VAR", help="the environment variable holding the model's key")
+    send_keys.add_argument("--judge-key-env", metavar="VAR", help="the environment variable holding the judge's key")
 
     retry = add("retry", "run failed, infra_error and ungradable tasks again", commands.retry)
     retry.add_argument("id", help="the evaluation id")

@@ -194,11 +194,26 @@ def cancel(args: argparse.Namespace, client: GatewayClient, printer: Printer) ->
         _print_json(printer, view)
         return 0
     counts = view["progress"]["counts"]
-    running = int(counts.get("running", 0)) + int(counts.get("grading", 0))
     printer.line(
         f"evaluation {args.id}: {view['status']}; {counts.get('cancelled', 0)} queued tasks cancelled, "
-        f"{running} running ones finish and are graded"
+        f"{counts.get('running', 0)} running ones stop at their next turn, {counts.get('grading', 0)} finished "
+        "ones are graded"
     )
+    return 0
+
+
+def send_keys(args: argparse.Namespace, client: GatewayClient, printer: Printer) -> int:
+    """Raises: UsageError: neither key flag, or a key variable that is not set."""
+    model_key = secret_from_env(args.model_key_env, "--model-key-env")
+    judge_key = secret_from_env(args.judge_key_env, "--judge-key-env")
+    if model_key is None and judge_key is None:
+        raise UsageError("send-keys needs --model-key-env VAR, --judge-key-env VAR or both")
+    view = client.send_keys(args.id, model_key, judge_key)
+    if args.json:
+        _print_json(printer, view)
+        return 0
+    sent = " and ".join(name for name, key in (("model", model_key), ("judge", judge_key)) if key)
+    printer.line(f"evaluation {args.id}: {sent} key held again; run `pybench-eval retry {args.id}` for failed tasks")
     return 0
 
 
