@@ -30,12 +30,13 @@ class Sampling(BaseModel):
 
 
 BASE_URL_PATTERN = (
-    r"^https?://[A-Za-z0-9]([A-Za-z0-9.-]{0,250}[A-Za-z0-9])?"
+    r"^https?://([A-Za-z0-9]([A-Za-z0-9.-]{0,250}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\])"
     r"(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?"
     r"(/[A-Za-z0-9._~/-]*)?$"
 )
-"""An http(s) URL with a host name or an IPv4 address, an optional port and a plain path (no credentials, query
-or fragment)."""
+"""An http(s) URL with a host name, an IPv4 address or a bracketed IPv6 address (no zone), an optional port and
+a plain path (no credentials, query or fragment). Which addresses may be called is the egress guard's decision
+(``services.netguard``), made before any connection."""
 
 
 class ModelEndpoint(BaseModel):

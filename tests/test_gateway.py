@@ -311,7 +311,10 @@ def test_sessions_in_flight_per_key_and_the_global_queue_are_capped(
         ("http://0x7f000001/v1", 403),  # 127.0.0.1 in disguise
         ("http://2130706433/v1", 403),
         ("http://localhost:8000/v1", 403),
-        ("http://[::1]:8000/v1", 422),  # the schema takes host names and IPv4 addresses only
+        ("http://[::1]:8000/v1", 403),  # IPv6 loopback: not the allowed 127.0.0.1
+        ("http://[::ffff:10.0.0.7]:8000/v1", 403),  # an IPv4-mapped internal address
+        ("http://[fd00::7]/v1", 403),  # a unique-local (private) IPv6 address
+        ("http://[::1%25lo]:8000/v1", 422),  # no zone ids
         ("http://user:pw@127.0.0.1:8000/v1", 422),  # no credentials in URLs
     ],
 )

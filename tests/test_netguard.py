@@ -211,6 +211,8 @@ class RecordingServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, host: str, port: int = 0, tls: ssl.SSLContext | None = None) -> None:
+        if ":" in host:
+            self.address_family = socket.AF_INET6
         self.connections = 0
         self.server_names: list[str | None] = []
         self.requests: list[dict[str, str]] = []
@@ -692,6 +694,20 @@ def test_pinned_request_reaches_a_real_server_by_name(machine_network: MachineNe
     assert resolver.lookups == [("model.test", server.port)] * 2, "one lookup per request"
     assert "model.test" not in machine_network.lookups, "the system resolver never saw the name"
     assert set(machine_network.connections) == {"127.0.0.1"}
+
+
+def test_an_ipv6_literal_endpoint_is_checked_without_a_lookup_then_reached(machine_network: MachineNetwork) -> None:
+    with serving("::1") as server:
+        base_url = f"http://[::1]:{server.port}/v1"
+        with pytest.raises(EgressRefusedError, match="loopback"):
+            check_url(base_url, LOOPBACK_POLICY)  # 127.0.0.1 is allowed, ::1 is not
+        policy = EgressPolicy.parse("::1")
+        with httpx.Client(base_url=base_url, transport=pinned_transport(policy), follow_redirects=False) as client:
+            response = client.post("/chat/completions", json={"model": "m", "messages": []})
+            assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "hi"
+    assert server.requests == [{"method": "POST", "path": "/v1/chat/completions", "host": f"[::1]:{server.port}"}]
+    # The only "lookup" is the socket layer parsing the literal it was given; no name was resolved.
+    assert set(machine_network.lookups) <= {"::1"} and machine_network.connections == ["::1"]
 
 
 def test_refused_name_never_reaches_a_real_server() -> None:
