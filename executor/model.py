@@ -17,6 +17,7 @@ import httpx
 
 from services.errors import ModelContextLengthError, ModelResponseError, ModelUnreachableError
 from services.netguard import EgressRefusedError
+from services.redaction import redact
 from services.trajectory import Message
 
 DEFAULT_RETRIES = 3
@@ -79,7 +80,7 @@ class ModelClient:
 
     def _redact(self, text: str) -> str:
         """``text`` (an endpoint's answer, which may echo the request) without the API key in it."""
-        return text.replace(self._secret, "[REDACTED]") if self._secret else text
+        return redact(text, self._secret)
 
     def _post(self, body: dict[str, Any]) -> httpx.Response:
         attempt = 0

@@ -14,6 +14,7 @@ from gateway.problems import Problem
 from services.evaluation import EvaluationCreate
 from services.extraction import extract_code
 from services.netguard import EgressPolicy, EgressRefusedError, PinnedTransport, Resolver, resolve_host
+from services.redaction import redact as redact_secret
 from services.suite import Suite
 
 CANARY_QUESTION = "Use Python to compute 17 * 23 and print the result."
@@ -49,7 +50,7 @@ def preflight(
     base = body.model.base_url
 
     def redact(text: str) -> str:
-        return text.replace(key, "[REDACTED]") if key else text
+        return redact_secret(text, key)
 
     client = httpx.Client(
         base_url=base,

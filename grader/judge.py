@@ -43,6 +43,7 @@ import httpx
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 
 from services.errors import SuiteError, TaskNotFoundError
+from services.redaction import redact
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +92,6 @@ _RETRY_STATUS = frozenset({408, 409, 429})
 _FORMAT_REJECTED_STATUS = frozenset({400, 422})
 """Statuses that make the judge try the next, simpler response format."""
 
-_REDACTED = "[REDACTED]"
 
 ABSOLUTE_SYSTEM_PROMPT = """\
 You are a strict reviewer of a code-interpreter agent. The agent received a user query and input files under \
@@ -595,7 +595,7 @@ class Judge:
         return render_trajectory(messages, query=query, max_chars=self.max_trajectory_chars)
 
     def _redact(self, text: str) -> str:
-        return text.replace(self._secret, _REDACTED) if self._secret else text
+        return redact(text, self._secret)
 
     def _snippet(self, text: str, limit: int) -> str:
         """The redacted start of ``text`` (redacted first, so that a cut never leaves part of the key)."""
