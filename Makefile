@@ -44,7 +44,7 @@ images: base-image wheels ## Build the app, sandbox and redis images (layers are
 	docker build -q --force-rm --build-arg BASE_IMAGE=$(BASE_IMAGE) -t pybench-eval/sandbox:latest executor/sandbox
 	docker build -q --force-rm --build-arg BASE_IMAGE=$(REDIS_BASE_IMAGE) -t pybench-eval/redis:latest docker/redis
 
-real-model: ## Install llama.cpp's server (compiles once, ~4.5 min) and SmolLM2-135M-Instruct for the slow test
+real-model: ## Install llama.cpp's server (compiles once, ~3.5 min) and SmolLM2-135M-Instruct for the slow test
 	@PYTHON=$(PYTHON) bash scripts/install-real-model.sh
 
 .env: ## Make .env with a new operator admin API key (PBE_ADMIN_KEY) for the stack
