@@ -59,10 +59,7 @@ class StateStore:
         pipe.hset(_key(evaluation.id, "tasks"), mapping=states)
         pipe.zadd("pbe:evaluations", {evaluation.id: evaluation.created_at.timestamp()})
         pipe.zadd(f"pbe:owner:{evaluation.owner}:evaluations", {evaluation.id: evaluation.created_at.timestamp()})
-        if api_key:
-            pipe.set(f"pbe:secret:model-key:{evaluation.id}", api_key, ex=DEFAULT_SECRET_TTL_S)
-        if judge_api_key:
-            pipe.set(f"pbe:secret:judge-key:{evaluation.id}", judge_api_key, ex=DEFAULT_SECRET_TTL_S)
+        _hold_keys(pipe, evaluation.id, api_key, judge_api_key)
         pipe.execute()
 
     def get(self, evaluation_id: str) -> Evaluation:
@@ -80,10 +77,7 @@ class StateStore:
         """Hold the evaluation's model and/or judge key again (after Redis lost them, or they expired), for
         ``DEFAULT_SECRET_TTL_S`` from now. A None key is left as it is."""
         pipe = self.redis.pipeline(transaction=True)
-        if api_key:
-            pipe.set(f"pbe:secret:model-key:{evaluation_id}", api_key, ex=DEFAULT_SECRET_TTL_S)
-        if judge_api_key:
-            pipe.set(f"pbe:secret:judge-key:{evaluation_id}", judge_api_key, ex=DEFAULT_SECRET_TTL_S)
+        _hold_keys(pipe, evaluation_id, api_key, judge_api_key)
         pipe.execute()
 
     def model_key(self, evaluation_id: str) -> str | None:
@@ -173,3 +167,11 @@ class StateStore:
     def verdicts(self, evaluation_id: str) -> list[Verdict]:
         raw = self.redis.hgetall(_key(evaluation_id, "verdicts"))
         return sorted((Verdict.model_validate_json(v) for v in raw.values()), key=lambda v: v.task_index)
+
+
+def _hold_keys(pipe: Any, evaluation_id: str, api_key: str | None, judge_api_key: str | None) -> None:
+    """Queue on ``pipe`` the secret-store writes of the keys given (each for ``DEFAULT_SECRET_TTL_S``)."""
+    if api_key:
+        pipe.set(f"pbe:secret:model-key:{evaluation_id}", api_key, ex=DEFAULT_SECRET_TTL_S)
+    if judge_api_key:
+        pipe.set(f"pbe:secret:judge-key:{evaluation_id}", judge_api_key, ex=DEFAULT_SECRET_TTL_S)
