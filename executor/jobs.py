@@ -15,10 +15,10 @@ from executor.model import ModelClient
 from executor.pool import WarmPool
 from executor.sandboxes.base import SandboxBackend
 from executor.sandboxes.registry import get_backend
-from executor.session import SessionLimits, key_lost, run_task_session
+from executor.session import SessionLimits, SessionResult, key_lost, run_task_session
 from executor.settings import ExecutorSettings
 from executor.worker import current_pool
-from services.evaluation import TaskState
+from services.evaluation import Evaluation, TaskState
 from services.netguard import EgressPolicy, pinned_transport
 from services.queues import (
     GradeJob,
@@ -27,7 +27,8 @@ from services.queues import (
 )
 from services.state import StateStore
 from services.store import ArtifactStore
-from services.suite import load_suite
+from services.suite import Suite, load_suite
+from services.task import Task
 from services.trajectory import EndReason
 
 log = logging.getLogger(__name__)
@@ -59,40 +60,11 @@ def execute_session(
     api_key = state.model_key(evaluation.id)
     if evaluation.has_api_key and api_key is None:
         # Never call the endpoint without the key it was submitted with (nor start a sandbox for nothing).
-        trajectory = key_lost(evaluation, task, job.attempt, suite)
-        store.put_trajectory(trajectory)
-        state.set_task_state(evaluation.id, task.index, TaskState.GRADING)
-        enqueue_grading(redis, GradeJob(evaluation_id=evaluation.id, task_index=task.index, attempt=job.attempt))
+        result: SessionResult = (key_lost(evaluation, task, job.attempt, suite), {})
         log.warning("task %d of %s: not run, the model key is no longer held", task.index, evaluation.id)
-        return {"task": task.index, "end_reason": trajectory.end_reason.value, "turns": 0, "sandbox_id": None}
-    limits = SessionLimits(
-        image=settings.SANDBOX_IMAGE,
-        memory_mb=settings.SANDBOX_MEMORY_MB,
-        cpus=settings.SANDBOX_CPUS,
-        pids=settings.SANDBOX_PIDS,
-        ready_timeout_s=settings.SANDBOX_READY_TIMEOUT_S,
-    )
-    model = ModelClient(
-        evaluation.model.base_url,
-        evaluation.model.model,
-        api_key=api_key,
-        timeout_s=settings.MODEL_TIMEOUT_S,
-        transport=pinned_transport(EgressPolicy.parse(settings.EGRESS_ALLOWLIST)),
-    )
-    try:
-        trajectory, files = run_task_session(
-            evaluation,
-            task,
-            job.attempt,
-            suite=suite,
-            backend=backend,
-            limits=limits,
-            model=model,
-            pool=pool,
-            cancelled=lambda: state.cancelled(evaluation.id),
-        )
-    finally:
-        model.close()
+    else:
+        result = _run(evaluation, task, job, suite, settings, backend, pool, api_key, state)
+    trajectory, files = result
     for name, data in files.items():
         store.put_output_file(evaluation.id, task.index, job.attempt, name, data)
     store.put_trajectory(trajectory)
@@ -117,6 +89,49 @@ def execute_session(
         "turns": trajectory.assistant_turns,
         "sandbox_id": trajectory.session.sandbox_id if trajectory.session else None,
     }
+
+
+def _run(
+    evaluation: Evaluation,
+    task: Task,
+    job: SessionJob,
+    suite: Suite,
+    settings: ExecutorSettings,
+    backend: SandboxBackend,
+    pool: WarmPool | None,
+    api_key: str | None,
+    state: StateStore,
+) -> SessionResult:
+    """Run the session against the evaluation's endpoint, asking ``state`` before each turn whether the
+    evaluation was cancelled."""
+    limits = SessionLimits(
+        image=settings.SANDBOX_IMAGE,
+        memory_mb=settings.SANDBOX_MEMORY_MB,
+        cpus=settings.SANDBOX_CPUS,
+        pids=settings.SANDBOX_PIDS,
+        ready_timeout_s=settings.SANDBOX_READY_TIMEOUT_S,
+    )
+    model = ModelClient(
+        evaluation.model.base_url,
+        evaluation.model.model,
+        api_key=api_key,
+        timeout_s=settings.MODEL_TIMEOUT_S,
+        transport=pinned_transport(EgressPolicy.parse(settings.EGRESS_ALLOWLIST)),
+    )
+    try:
+        return run_task_session(
+            evaluation,
+            task,
+            job.attempt,
+            suite=suite,
+            backend=backend,
+            limits=limits,
+            model=model,
+            pool=pool,
+            cancelled=lambda: state.cancelled(evaluation.id),
+        )
+    finally:
+        model.close()
 
 
 def run_session(payload: dict[str, Any]) -> dict[str, Any]:
