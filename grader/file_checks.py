@@ -252,7 +252,7 @@ def csv_sorted_by(check: dict[str, Any], root: Path) -> Outcome:
 
 _PICKLE_LOADER = """\
 import pickle, sys
-how = "pickle.load"
+suffix = ""
 try:
     with open(sys.argv[1], "rb") as file:
         loaded = pickle.load(file)
@@ -260,10 +260,9 @@ except Exception:
     if sys.argv[2:] != ["joblib"]:
         raise
     import joblib
-    how = "joblib.load"
     loaded = joblib.load(sys.argv[1])
-print("\\nloaded a " + type(loaded).__module__ + "." + type(loaded).__qualname__
-      + (" with joblib.load" if how == "joblib.load" else ""))
+    suffix = " with joblib.load"
+print("\\nloaded a " + type(loaded).__module__ + "." + type(loaded).__qualname__ + suffix)
 """
 
 

@@ -55,26 +55,26 @@ def judge_session(
     try:
         return _judge(config, api_key, task, trajectory, suite_root, pinned_transport(policy), **options)
     except EgressRefusedError as exc:
-        return JudgeOutcome(
-            mode=config.mode,
-            status="error",
-            reason=f"judge endpoint refused: {exc}",
-            judge_model=config.endpoint.model,
-            prompt_hash=prompt_hash(config.mode),
-        )
+        return _not_judged(config, f"judge endpoint refused: {exc}")
 
 
 def judge_key_lost(config: JudgeConfig, evaluation_id: str) -> JudgeOutcome:
     """The ``error`` outcome of a session not judged because the judge's key is gone (the endpoint is never
     called without the key it was submitted with)."""
+    return _not_judged(
+        config,
+        "the judge's API key is no longer held (Redis lost it, or it expired), and the judge is never called "
+        f"without it: send it again with PUT /v1/evaluations/{evaluation_id}/keys (sessions graded from then "
+        "on are judged)",
+    )
+
+
+def _not_judged(config: JudgeConfig, reason: str) -> JudgeOutcome:
+    """The ``error`` outcome of a session the judge was never asked about, with why."""
     return JudgeOutcome(
         mode=config.mode,
         status="error",
-        reason=(
-            "the judge's API key is no longer held (Redis lost it, or it expired), and the judge is never called "
-            f"without it: send it again with PUT /v1/evaluations/{evaluation_id}/keys (sessions graded from then "
-            "on are judged)"
-        ),
+        reason=reason,
         judge_model=config.endpoint.model,
         prompt_hash=prompt_hash(config.mode),
     )
