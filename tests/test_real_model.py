@@ -23,10 +23,10 @@ from rq.worker import SimpleWorker
 from executor.messages import INTERPRETER_PREFIX, opening_messages
 from executor.worker import ExecutorWorker
 from gateway.app import create_app
-from gateway.settings import GatewaySettings
 from services.queues import GRADING_QUEUE, SESSIONS_QUEUE
 from services.suite import load_suite
 from tests.servers import LlamaServer, smollm2_path
+from tests.test_gateway import ADMIN_KEY, gateway_settings
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.real_model]
 
@@ -34,7 +34,6 @@ ALIAS = "smollm2-135m"
 TASKS = [3, 44, 134]
 """A data-cleaning task (writes a CSV), a chart (writes a PNG) and a math question (no input file)."""
 
-ADMIN_KEY = "pbe-real-model-admin-5b0e"
 MODEL_KEY = "sk-real-model-canary-71c3"
 """llama.cpp's server is started without a key, so it ignores this one; it must still reach nothing but the
 endpoint (checked below in everything stored)."""
@@ -74,16 +73,7 @@ def gateway(
     }
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
-    settings = GatewaySettings(
-        REDIS_URL=redis_url,
-        SUITE_PATH=suite_path,
-        ARTIFACT_ROOT=tmp_path,
-        ADMIN_KEY=ADMIN_KEY,
-        EGRESS_ALLOWLIST="127.0.0.1",
-        RECONCILE_INTERVAL_S=0,
-        PREFLIGHT=True,
-    )
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(gateway_settings(redis_url, suite_path, tmp_path, PREFLIGHT=True))) as client:
         client.headers["Authorization"] = f"Bearer {ADMIN_KEY}"
         yield client
 

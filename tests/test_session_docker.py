@@ -55,7 +55,7 @@ def run_session(
     """Run the executor job for one task against a model URL; returns the job's summary and the evaluation."""
 
     def run(
-        index: int, model_url: str, max_turns: int = 10, api_key: str | None = None
+        index: int, model_url: str, max_turns: int = 10, api_key: str | None = None, key_held: bool = True
     ) -> tuple[dict[str, object], Evaluation]:
         settings = ExecutorSettings(
             REDIS_URL=redis_url,
@@ -75,7 +75,7 @@ def run_session(
             sampling=Sampling(),
             has_api_key=api_key is not None,
         )
-        StateStore(redis_client).create(evaluation, api_key)
+        StateStore(redis_client).create(evaluation, api_key if key_held else None)
         summary = execute_session(
             SessionJob(evaluation_id=evaluation.id, task_index=index),
             settings=settings,
@@ -204,41 +204,12 @@ def test_the_model_key_reaches_the_endpoint_and_nothing_else(
 
 
 def test_a_session_whose_model_key_is_gone_never_calls_the_endpoint(
-    redis_url: str,
-    redis_client: Redis,
-    suite_path: Path,
-    tmp_path: Path,
-    sandbox_network: str,
-    echoing_model: tuple[str, list[str]],
+    run_session: RunSession, redis_client: Redis, tmp_path: Path, echoing_model: tuple[str, list[str]]
 ) -> None:
     """Restored from the store after Redis lost its state, an evaluation submitted with a key has none: its
     sessions stop before the model is called (or a sandbox started), with a model error that says what to do."""
     url, seen = echoing_model
-    settings = ExecutorSettings(
-        REDIS_URL=redis_url,
-        SUITE_PATH=suite_path,
-        ARTIFACT_ROOT=tmp_path,
-        SANDBOX_NETWORK=sandbox_network,
-        EGRESS_ALLOWLIST="127.0.0.1",
-    )
-    evaluation = Evaluation(
-        id="keylost",
-        model=ModelEndpoint(base_url=url, model="m"),
-        suite="pybench",
-        tasks=[7],
-        max_turns=10,
-        cell_timeout_s=120,
-        prompt="gpt",
-        sampling=Sampling(),
-        has_api_key=True,
-    )
-    StateStore(redis_client).create(evaluation, None)
-    summary = execute_session(
-        SessionJob(evaluation_id=evaluation.id, task_index=7),
-        settings=settings,
-        redis=redis_client,
-        backend=DockerSandboxBackend(network=sandbox_network),
-    )
+    summary, evaluation = run_session(7, url, api_key=CANARY, key_held=False)
     assert seen == [], "the endpoint was called without the key the evaluation was submitted with"
     assert summary["sandbox_id"] is None and summary["turns"] == 0
     trajectory = ArtifactStore(tmp_path).get_trajectory(evaluation.id, 7, 1)
