@@ -13,6 +13,9 @@ these, raised ``from`` the original::
     ├── ModelEndpointError        the model endpoint failed
     │   ├── ModelUnreachableError     no answer (connection refused, DNS, timeout)
     │   └── ModelResponseError        an answer that is not a usable chat completion
+    │       ├── ModelContextLengthError   the conversation no longer fits the model's context
+    │       └── ModelRequestRejectedError the endpoint refused the request (4xx other than 408/429): the user's
+    │                                     to fix (unknown model, wrong key, a task it cannot serve), never retried
     └── StoreError                the artifact store cannot be read or written
         └── ArtifactNotFoundError an artifact that is not there
 
@@ -70,3 +73,8 @@ class StoreError(PybenchEvalError):
 
 class ArtifactNotFoundError(StoreError):
     pass
+
+
+class ModelRequestRejectedError(ModelResponseError):
+    """The endpoint refused the request with a 4xx other than 408 and 429 (an unknown model, a wrong key, a task
+    it cannot serve): asking again cannot help, so the session ends and is not retried; the user must fix it."""

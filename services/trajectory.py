@@ -87,10 +87,22 @@ class EndReason(StrEnum):
     """The model replied with nothing: graded as it stands."""
     CANCELLED = "cancelled"
     """The evaluation was cancelled while the session ran: it stopped before its next turn and is not graded."""
+    MODEL_REJECTED = "model_rejected"
+    """The endpoint refused the request (a 4xx other than 408/429: unknown model, wrong key, a task it cannot
+    serve): graded ``infra_error``, not retried, the user's to fix."""
+    KEY_LOST = "key_lost"
+    """The evaluation's model key is no longer held, so the endpoint was not called: graded ``infra_error``, not
+    retried until the key is sent again."""
 
     @property
     def infra(self) -> bool:
-        """Whether the environment broke (as opposed to the agent finishing or running out of turns)."""
+        """Whether the session did not get to test the agent (graded ``infra_error``, never ``failed``)."""
+        return self in (EndReason.MODEL_ERROR, EndReason.SANDBOX_ERROR, EndReason.MODEL_REJECTED, EndReason.KEY_LOST)
+
+    @property
+    def retryable(self) -> bool:
+        """Whether running the session again may go better by itself (a dead sandbox, an endpoint that timed out
+        or answered 5xx); the other infra reasons are the user's to fix and are never retried automatically."""
         return self in (EndReason.MODEL_ERROR, EndReason.SANDBOX_ERROR)
 
 

@@ -74,6 +74,9 @@ class Verdict(BaseModel):
     """The LLM judge's grade, when the evaluation asked for a judge."""
     turns: int = 0
     sandbox_id: str | None = None
+    retryable: bool = False
+    """An ``infra_error`` that running the session again may mend by itself (``EndReason.retryable``); the
+    lifecycle runs such a session again as its next attempt, up to ``services.lifecycle.MAX_ATTEMPTS``."""
     graded_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
 
