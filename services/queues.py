@@ -30,10 +30,6 @@ DEFAULT_SESSION_JOB_TIMEOUT_S = 3600
 DEFAULT_GRADE_JOB_TIMEOUT_S = 600
 """RQ's hard limit for grading one session."""
 
-MAX_SESSION_ATTEMPTS = 3
-"""A session the environment broke (sandbox died, model endpoint unreachable) is run again, up to this many
-attempts in all; only the last attempt's ``infra_error`` is recorded as the task's verdict."""
-
 DEFAULT_RESULT_TTL_S = 7 * 24 * 3600
 """How long RQ keeps finished job records (results themselves live in the artifact store)."""
 
@@ -102,6 +98,22 @@ def cancel_job(redis: Redis, job_id: str) -> bool:
         return False
     job.cancel()
     return True
+
+
+def drop_job(redis: Redis, job_id: str) -> None:
+    """Delete the record of a job no worker has, so that it can be queued again under its id; a record RQ
+    half-wrote or half-deleted (a worker killed mid-job) is dropped all the same."""
+    from rq.exceptions import NoSuchJobError
+    from rq.job import Job
+    from rq.serializers import JSONSerializer
+
+    if not Job.exists(job_id, redis):
+        return
+    try:
+        Job.fetch(job_id, connection=redis, serializer=JSONSerializer).delete()
+    except (NoSuchJobError, ValueError):
+        # rq raises ValueError when the job's execution record is gone: remove what is left by hand.
+        redis.delete(f"rq:job:{job_id}", f"rq:job:{job_id}:dependents", f"rq:job:{job_id}:dependencies")
 
 
 def enqueue_session(redis: Redis, job: SessionJob) -> Any:

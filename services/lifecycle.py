@@ -1,0 +1,219 @@
+"""The task lifecycle: the one module that moves a task of an evaluation between its states.
+
+Every write of a task's state, attempt or live verdict happens here, as a named transition; the gateway, the
+reconciler, the executor and the grader call these and nothing else writes them (``services.state`` reads)::
+
+    create ─┬─> queued ──start──> running ──finish_session──> grading ──record_verdict──> done
+            │     ^  │               │                                        │
+            │     │  └──cancel──┐    └──finish_session (cancelled)──┐          │ a retryable infra_error,
+            │     │             v                                   v          │ attempts left
+            │     │          cancelled <────────────────────────────┘          │
+            │     └──────────── retry (the next attempt, queued again) <───────┘  also POST .../retry
+            └─> unavailable (its input files are missing: a verdict at once, never run)
+
+    requeue_session / requeue_grading   the reconciler queues a lost job again, same attempt
+    restore                             an evaluation Redis lost, rebuilt from the artifact store
+
+The retry policy lives here too: a session that ends in an ``infra_error`` whose cause may mend by itself (a
+dead sandbox, an endpoint that timed out or answered 5xx: ``EndReason.retryable``) runs again as its next
+attempt, up to ``MAX_ATTEMPTS``; a cause only the user can fix (a lost key, a 4xx from the endpoint) is
+recorded at once, with a reason that says what to do.
+
+Keys (prefix ``pbe:evaluation:<id>``, see ``services.state``): ``:tasks`` (index -> state), ``:attempts``
+(index -> attempt), ``:verdicts`` (index -> the latest attempt's verdict), ``:cancelled``.
+"""
+
+from dataclasses import dataclass
+
+from redis import Redis
+
+from services.evaluation import Evaluation, TaskState
+from services.queues import (
+    GradeJob,
+    SessionJob,
+    cancel_job,
+    drop_job,
+    enqueue_grading,
+    enqueue_session,
+    grade_job_id,
+    session_job_id,
+)
+from services.state import StateStore, evaluation_key, hold_keys
+from services.suite import Suite
+from services.verdict import Verdict, VerdictStatus
+
+MAX_ATTEMPTS = 3
+"""A session whose ``infra_error`` is retryable runs again, up to this many attempts in all; only the last
+attempt's verdict is recorded as the task's (every attempt's is kept in the artifact store)."""
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What ``record_verdict`` did."""
+
+    retried_as: int | None
+    """The attempt the task was queued again as, or None when the verdict was recorded as the task's."""
+    complete: bool
+    """Every task of the evaluation is finished (its results can be written)."""
+
+
+def unavailable_verdict(evaluation_id: str, suite: Suite, task_index: int) -> Verdict:
+    """The verdict of a task whose input files are missing from this copy of the suite (it is never run)."""
+    task = suite.tasks.get(task_index)
+    missing = ", ".join(task.missing_inputs) if task is not None else "the task is not in this suite"
+    return Verdict(
+        evaluation_id=evaluation_id,
+        task_index=task_index,
+        attempt=0,
+        paper_category=task.paper_category if task is not None else "",
+        status=VerdictStatus.UNAVAILABLE,
+        reason="input files missing from this copy of the suite: " + missing,
+    )
+
+
+def should_retry(verdict: Verdict) -> bool:
+    """The retry policy: an ``infra_error`` that may mend by itself, with attempts left."""
+    return verdict.status is VerdictStatus.INFRA_ERROR and verdict.retryable and verdict.attempt < MAX_ATTEMPTS
+
+
+class TaskLifecycle:
+    """The transitions of the tasks of evaluations held in ``redis``."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+        self.state = StateStore(redis)
+
+    # --- evaluations ------------------------------------------------------------------------------------------
+
+    def create(
+        self, evaluation: Evaluation, suite: Suite, *, api_key: str | None = None, judge_api_key: str | None = None
+    ) -> None:
+        """Record a new evaluation in one transaction: its runnable tasks ``queued``, its unavailable ones with
+        their ``unavailable`` verdicts, its keys in the secret store. Nothing is enqueued (``queue_sessions``)."""
+        states = {str(t): TaskState.QUEUED.value for t in evaluation.tasks}
+        states.update({str(t): TaskState.UNAVAILABLE.value for t in evaluation.unavailable_tasks})
+        unavailable = [unavailable_verdict(evaluation.id, suite, t) for t in evaluation.unavailable_tasks]
+        created = evaluation.created_at.timestamp()
+        pipe = self.redis.pipeline(transaction=True)
+        if unavailable:
+            pipe.hset(evaluation_key(evaluation.id, "verdicts"), mapping=_verdict_mapping(unavailable))
+        pipe.set(evaluation_key(evaluation.id), evaluation.model_dump_json())
+        pipe.hset(evaluation_key(evaluation.id, "tasks"), mapping=states)  # type: ignore[arg-type]
+        pipe.zadd("pbe:evaluations", {evaluation.id: created})
+        pipe.zadd(f"pbe:owner:{evaluation.owner}:evaluations", {evaluation.id: created})
+        hold_keys(pipe, evaluation.id, api_key, judge_api_key)
+        pipe.execute()
+
+    def queue_sessions(self, evaluation: Evaluation) -> list[int]:
+        """Enqueue the session of every task still ``queued`` (at its current attempt). Returns those tasks."""
+        queued = [i for i, s in self.state.task_states(evaluation.id).items() if s is TaskState.QUEUED]
+        for index in sorted(queued):
+            enqueue_session(self.redis, self._session(evaluation.id, index))
+        return sorted(queued)
+
+    def cancel(self, evaluation_id: str) -> list[int]:
+        """Cancel an evaluation: its queued tasks become ``cancelled`` and their jobs are taken off the queue; a
+        running session stops before its next turn (``finish_session``); finished sessions are still graded.
+        Returns the tasks cancelled here."""
+        self.redis.set(evaluation_key(evaluation_id, "cancelled"), "1")
+        queued = [i for i, s in self.state.task_states(evaluation_id).items() if s is TaskState.QUEUED]
+        if queued:
+            self._set_states(evaluation_id, dict.fromkeys(queued, TaskState.CANCELLED))
+        for index in queued:
+            cancel_job(self.redis, session_job_id(self._session(evaluation_id, index)))
+        return queued
+
+    def restore(self, evaluation: Evaluation, suite: Suite, stored: dict[int, Verdict]) -> None:
+        """Rebuild in Redis an evaluation it lost, from the artifact store: tasks with a ``stored`` verdict (their
+        latest attempt's) come back ``done``, at that attempt; the others ``queued``. A retryable verdict comes
+        back ``queued`` at its next attempt (its retry was lost with Redis). The keys were in Redis only: they
+        are not restored (sessions then stop with ``key_lost`` until the owner sends them again)."""
+        self.create(evaluation, suite)
+        for index, verdict in stored.items():
+            if index in evaluation.unavailable_tasks:
+                continue
+            if should_retry(verdict):
+                self._set_attempt(evaluation.id, index, verdict.attempt + 1)
+            else:
+                self._set_attempt(evaluation.id, index, verdict.attempt)
+                self._put_verdict(verdict)
+
+    # --- one task ---------------------------------------------------------------------------------------------
+
+    def start(self, job: SessionJob) -> bool:
+        """A worker takes the session of ``job``: the task becomes ``running``. Returns False, with the task
+        ``cancelled``, when the evaluation was cancelled meanwhile (the session must not run)."""
+        if self.state.cancelled(job.evaluation_id):
+            self._set_states(job.evaluation_id, {job.task_index: TaskState.CANCELLED})
+            return False
+        self._set_states(job.evaluation_id, {job.task_index: TaskState.RUNNING})
+        return True
+
+    def finish_session(self, job: SessionJob, *, cancelled: bool = False) -> None:
+        """The session of ``job`` ended and its trajectory is stored: the task goes to ``grading`` and its
+        grading is enqueued; a session stopped by a cancellation goes to ``cancelled`` instead (not graded)."""
+        if cancelled:
+            self._set_states(job.evaluation_id, {job.task_index: TaskState.CANCELLED})
+            return
+        self._set_states(job.evaluation_id, {job.task_index: TaskState.GRADING})
+        enqueue_grading(self.redis, GradeJob(evaluation_id=job.evaluation_id, task_index=job.task_index, attempt=job.attempt))
+
+    def record_verdict(self, verdict: Verdict) -> Recorded:
+        """Record the grade of a session: the task's verdict, the task ``done``; or, under the retry policy
+        (``should_retry``), the session queued again as its next attempt. Idempotent per task and attempt."""
+        if should_retry(verdict):
+            return Recorded(retried_as=self.retry(verdict.evaluation_id, verdict.task_index), complete=False)
+        self._put_verdict(verdict)
+        return Recorded(retried_as=None, complete=self.state.complete(verdict.evaluation_id))
+
+    def retry(self, evaluation_id: str, task_index: int) -> int:
+        """Run a task again as its next attempt: its verdict dropped, its state ``queued``, its session enqueued.
+        Returns the new attempt."""
+        attempt = self.state.task_attempt(evaluation_id, task_index) + 1
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hdel(evaluation_key(evaluation_id, "verdicts"), str(task_index))
+        pipe.hset(evaluation_key(evaluation_id, "tasks"), str(task_index), TaskState.QUEUED.value)
+        pipe.hset(evaluation_key(evaluation_id, "attempts"), str(task_index), str(attempt))
+        pipe.execute()
+        enqueue_session(self.redis, SessionJob(evaluation_id=evaluation_id, task_index=task_index, attempt=attempt))
+        return attempt
+
+    def requeue_session(self, job: SessionJob) -> None:
+        """Queue again, at the same attempt, a session whose job was lost (its worker died, Redis dropped it)."""
+        self._set_states(job.evaluation_id, {job.task_index: TaskState.QUEUED})
+        drop_job(self.redis, session_job_id(job))
+        enqueue_session(self.redis, job)
+
+    def requeue_grading(self, job: GradeJob) -> None:
+        """Queue again a grading whose job was lost (the task stays ``grading``)."""
+        drop_job(self.redis, grade_job_id(job))
+        enqueue_grading(self.redis, job)
+
+    # --- the writes ---------------------------------------------------------------------------------------------
+
+    def _session(self, evaluation_id: str, task_index: int) -> SessionJob:
+        return SessionJob(
+            evaluation_id=evaluation_id,
+            task_index=task_index,
+            attempt=self.state.task_attempt(evaluation_id, task_index),
+        )
+
+    def _set_states(self, evaluation_id: str, states: dict[int, TaskState]) -> None:
+        self.redis.hset(
+            evaluation_key(evaluation_id, "tasks"),
+            mapping={str(i): s.value for i, s in states.items()},  # type: ignore[arg-type]
+        )
+
+    def _set_attempt(self, evaluation_id: str, task_index: int, attempt: int) -> None:
+        self.redis.hset(evaluation_key(evaluation_id, "attempts"), str(task_index), str(attempt))
+
+    def _put_verdict(self, verdict: Verdict) -> None:
+        """The task's verdict and its state ``done``, in one transaction."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(evaluation_key(verdict.evaluation_id, "verdicts"), str(verdict.task_index), verdict.model_dump_json())
+        pipe.hset(evaluation_key(verdict.evaluation_id, "tasks"), str(verdict.task_index), TaskState.DONE.value)
+        pipe.execute()
+
+
+def _verdict_mapping(verdicts: list[Verdict]) -> dict[str, str]:
+    return {str(v.task_index): v.model_dump_json() for v in verdicts}
