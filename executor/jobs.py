@@ -18,13 +18,10 @@ from executor.sandboxes.registry import get_backend
 from executor.session import SessionLimits, SessionResult, key_lost, run_task_session
 from executor.settings import ExecutorSettings
 from executor.worker import current_pool
-from services.evaluation import Evaluation, TaskState
+from services.evaluation import Evaluation
+from services.lifecycle import TaskLifecycle
 from services.netguard import EgressPolicy, pinned_transport
-from services.queues import (
-    GradeJob,
-    SessionJob,
-    enqueue_grading,
-)
+from services.queues import SessionJob
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
@@ -47,16 +44,15 @@ def execute_session(
         ConfigurationError: the suite path is wrong.
         StoreError: the artifact store cannot be written.
     """
-    state = StateStore(redis)
+    lifecycle = TaskLifecycle(redis)
+    state = lifecycle.state
     evaluation = state.get(job.evaluation_id)
-    if state.cancelled(evaluation.id):
-        state.set_task_state(evaluation.id, job.task_index, TaskState.CANCELLED)
-        log.info("task %d of %s: skipped, the evaluation was cancelled", job.task_index, evaluation.id)
-        return {"task": job.task_index, "cancelled": True}
     suite = load_suite(settings.require_suite())
     task = suite.task(job.task_index)
     store = ArtifactStore(settings.ARTIFACT_ROOT)
-    state.set_task_state(evaluation.id, task.index, TaskState.RUNNING)
+    if not lifecycle.start(job):
+        log.info("task %d of %s: skipped, the evaluation was cancelled", job.task_index, evaluation.id)
+        return {"task": job.task_index, "cancelled": True}
     api_key = state.model_key(evaluation.id)
     if evaluation.has_api_key and api_key is None:
         # Never call the endpoint without the key it was submitted with (nor start a sandbox for nothing).
@@ -68,13 +64,11 @@ def execute_session(
     for name, data in files.items():
         store.put_output_file(evaluation.id, task.index, job.attempt, name, data)
     store.put_trajectory(trajectory)
-    if trajectory.end_reason is EndReason.CANCELLED:
-        state.set_task_state(evaluation.id, task.index, TaskState.CANCELLED)
+    cancelled = trajectory.end_reason is EndReason.CANCELLED
+    lifecycle.finish_session(job, cancelled=cancelled)
+    if cancelled:
         log.info("task %d of %s: stopped, the evaluation was cancelled", task.index, evaluation.id)
         return {"task": task.index, "cancelled": True, "turns": trajectory.assistant_turns}
-    state.set_task_state(evaluation.id, task.index, TaskState.GRADING)
-    grade = GradeJob(evaluation_id=evaluation.id, task_index=task.index, attempt=job.attempt)
-    enqueue_grading(redis, grade)
     log.info(
         "task %d of %s: %s after %d turns in %s",
         task.index,

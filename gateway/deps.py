@@ -1,4 +1,5 @@
-"""FastAPI dependencies as ``Annotated`` aliases: settings, Redis, the state and artifact stores, the suite."""
+"""FastAPI dependencies as ``Annotated`` aliases: settings, Redis, the state (read) and the task lifecycle (its
+writes), the artifact store, the suite."""
 
 from typing import Annotated
 
@@ -6,6 +7,7 @@ from fastapi import Depends, Request
 from redis import Redis
 
 from gateway.settings import GatewaySettings
+from services.lifecycle import TaskLifecycle
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
@@ -25,6 +27,10 @@ def get_state(redis: Annotated[Redis, Depends(get_redis)]) -> StateStore:
     return StateStore(redis)
 
 
+def get_lifecycle(redis: Annotated[Redis, Depends(get_redis)]) -> TaskLifecycle:
+    return TaskLifecycle(redis)
+
+
 def get_store(settings: Annotated[GatewaySettings, Depends(get_settings)]) -> ArtifactStore:
     return ArtifactStore(settings.ARTIFACT_ROOT)
 
@@ -41,5 +47,6 @@ def get_suite(settings: Annotated[GatewaySettings, Depends(get_settings)]) -> Su
 SettingsDep = Annotated[GatewaySettings, Depends(get_settings)]
 RedisDep = Annotated[Redis, Depends(get_redis)]
 StateDep = Annotated[StateStore, Depends(get_state)]
+LifecycleDep = Annotated[TaskLifecycle, Depends(get_lifecycle)]
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 SuiteDep = Annotated[Suite, Depends(get_suite)]

@@ -28,19 +28,11 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from services.evaluation import TaskState
-from services.queues import (
-    MAX_SESSION_ATTEMPTS,
-    GradeJob,
-    SessionJob,
-    enqueue_grading,
-    enqueue_session,
-    grade_job_id,
-    session_job_id,
-)
-from services.state import EvaluationNotFoundError, StateStore
+from services.lifecycle import TaskLifecycle
+from services.queues import GradeJob, SessionJob, grade_job_id, session_job_id
+from services.state import EvaluationNotFoundError
 from services.store import ArtifactStore
 from services.suite import Suite
-from services.verdict import Verdict, VerdictStatus
 
 log = logging.getLogger(__name__)
 
@@ -74,32 +66,11 @@ def _alive(redis: Redis, job_id: str) -> bool:
     return status in _ALIVE
 
 
-def restore(state: StateStore, store: ArtifactStore, suite: Suite, evaluation_id: str) -> None:
-    """Bring an evaluation back into Redis from the store: stored verdicts as they are, other tasks queued."""
+def restore(lifecycle: TaskLifecycle, store: ArtifactStore, suite: Suite, evaluation_id: str) -> None:
+    """Bring an evaluation back into Redis from the store (``TaskLifecycle.restore``)."""
     evaluation = store.get_evaluation(evaluation_id)
-    unavailable = [
-        Verdict(
-            evaluation_id=evaluation.id,
-            task_index=index,
-            attempt=0,
-            paper_category=suite.task(index).paper_category if index in suite.tasks else "",
-            status=VerdictStatus.UNAVAILABLE,
-            reason="input files missing from this copy of the suite",
-        )
-        for index in evaluation.unavailable_tasks
-    ]
-    state.create(evaluation, None, unavailable)
-    for index in evaluation.tasks:
-        if index in evaluation.unavailable_tasks:
-            continue
-        verdict = store.latest_verdict(evaluation.id, index)
-        if verdict is None:
-            continue
-        if verdict.status is VerdictStatus.INFRA_ERROR and verdict.attempt < MAX_SESSION_ATTEMPTS:
-            state.set_task_attempt(evaluation.id, index, verdict.attempt + 1)  # its retry was lost with Redis
-        else:
-            state.set_task_attempt(evaluation.id, index, verdict.attempt)
-            state.put_verdict(verdict)
+    stored = {index: store.latest_verdict(evaluation.id, index) for index in evaluation.tasks}
+    lifecycle.restore(evaluation, suite, {index: v for index, v in stored.items() if v is not None})
     if evaluation.has_api_key or evaluation.has_judge_api_key:
         log.warning(
             "evaluation %s was restored without its API keys (they were in Redis only): its owner must send them "
@@ -110,48 +81,54 @@ def restore(state: StateStore, store: ArtifactStore, suite: Suite, evaluation_id
 
 
 def reconcile(redis: Redis, store: ArtifactStore, suite: Suite) -> Report:
-    """One pass over every evaluation (see the module's description). Returns what it did."""
-    state = StateStore(redis)
+    """One pass over every evaluation (see the module's description). Returns what it did.
+
+    An evaluation that cannot be reconciled (a record Redis or the store half-holds) is logged and skipped: the
+    pass goes on with the others.
+    """
+    lifecycle = TaskLifecycle(redis)
+    state = lifecycle.state
     report = Report()
     for evaluation_id in store.evaluation_ids():
         try:
             state.get(evaluation_id)
         except EvaluationNotFoundError:
-            restore(state, store, suite, evaluation_id)
+            restore(lifecycle, store, suite, evaluation_id)
             report.restored.append(evaluation_id)
     for evaluation_id, _ in state.evaluation_ids(None, limit=100_000):
         if state.cancelled(evaluation_id):
             continue
-        for index, task_state in state.task_states(evaluation_id).items():
-            attempt = state.task_attempt(evaluation_id, index)
-            session = SessionJob(evaluation_id=evaluation_id, task_index=index, attempt=attempt)
-            grading = GradeJob(evaluation_id=evaluation_id, task_index=index, attempt=attempt)
-            if task_state in (TaskState.QUEUED, TaskState.RUNNING):
-                if not _alive(redis, session_job_id(session)):
-                    _requeue_session(redis, state, session, report)
-            elif task_state is TaskState.GRADING and not _alive(redis, grade_job_id(grading)):
-                if _alive(redis, session_job_id(session)):
-                    continue  # the session is still finishing
-                if store.has_trajectory(evaluation_id, index, attempt):
-                    _drop_stale(redis, grade_job_id(grading))
-                    enqueue_grading(redis, grading)
-                    report.gradings.append(grade_job_id(grading))
-                else:
-                    _requeue_session(redis, state, session, report)
+        try:
+            _reconcile_one(redis, lifecycle, store, evaluation_id, report)
+        except (RedisError, OSError):
+            raise
+        except Exception:  # one broken evaluation must not stop the others, nor the reconciler
+            log.exception("reconciler: evaluation %s skipped this pass", evaluation_id)
     return report
 
 
-def _drop_stale(redis: Redis, job_id: str) -> None:
-    """Delete the record of a job no worker has (so it can be queued again under its id)."""
-    if Job.exists(job_id, redis):
-        Job.fetch(job_id, connection=redis, serializer=JSONSerializer).delete()
-
-
-def _requeue_session(redis: Redis, state: StateStore, job: SessionJob, report: Report) -> None:
-    state.set_task_state(job.evaluation_id, job.task_index, TaskState.QUEUED)
-    _drop_stale(redis, session_job_id(job))
-    enqueue_session(redis, job)
-    report.sessions.append(session_job_id(job))
+def _reconcile_one(
+    redis: Redis, lifecycle: TaskLifecycle, store: ArtifactStore, evaluation_id: str, report: Report
+) -> None:
+    """Queue again the jobs of one evaluation that no worker has."""
+    state = lifecycle.state
+    for index, task_state in state.task_states(evaluation_id).items():
+        attempt = state.task_attempt(evaluation_id, index)
+        session = SessionJob(evaluation_id=evaluation_id, task_index=index, attempt=attempt)
+        grading = GradeJob(evaluation_id=evaluation_id, task_index=index, attempt=attempt)
+        if task_state in (TaskState.QUEUED, TaskState.RUNNING):
+            if not _alive(redis, session_job_id(session)):
+                lifecycle.requeue_session(session)
+                report.sessions.append(session_job_id(session))
+        elif task_state is TaskState.GRADING and not _alive(redis, grade_job_id(grading)):
+            if _alive(redis, session_job_id(session)):
+                continue  # the session is still finishing
+            if store.has_trajectory(evaluation_id, index, attempt):
+                lifecycle.requeue_grading(grading)
+                report.gradings.append(grade_job_id(grading))
+            else:
+                lifecycle.requeue_session(session)
+                report.sessions.append(session_job_id(session))
 
 
 def run_periodically(

@@ -156,7 +156,9 @@ class TaskLifecycle:
             self._set_states(job.evaluation_id, {job.task_index: TaskState.CANCELLED})
             return
         self._set_states(job.evaluation_id, {job.task_index: TaskState.GRADING})
-        enqueue_grading(self.redis, GradeJob(evaluation_id=job.evaluation_id, task_index=job.task_index, attempt=job.attempt))
+        enqueue_grading(
+            self.redis, GradeJob(evaluation_id=job.evaluation_id, task_index=job.task_index, attempt=job.attempt)
+        )
 
     def record_verdict(self, verdict: Verdict) -> Recorded:
         """Record the grade of a session: the task's verdict, the task ``done``; or, under the retry policy

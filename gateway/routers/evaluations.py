@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field, SecretStr
 
 from gateway import events, idempotency, limits
 from gateway.auth import Caller
-from gateway.deps import RedisDep, SettingsDep, StateDep, StoreDep, SuiteDep
+from gateway.deps import LifecycleDep, RedisDep, SettingsDep, StateDep, StoreDep, SuiteDep
 from gateway.egress import check_endpoints
 from gateway.preflight import preflight
 from gateway.problems import Problem
@@ -24,12 +24,6 @@ from services.evaluation import (
 )
 from services.metrics import build_results
 from services.netguard import EgressPolicy
-from services.queues import (
-    SessionJob,
-    cancel_job,
-    enqueue_session,
-    session_job_id,
-)
 from services.state import EvaluationNotFoundError, StateStore
 from services.suite import Suite
 from services.trajectory import Trajectory
@@ -65,18 +59,6 @@ def _selected_tasks(body: EvaluationCreate, suite: Suite) -> list[int]:
     return list(body.tasks)
 
 
-def _unavailable_verdict(evaluation_id: str, suite: Suite, index: int) -> Verdict:
-    task = suite.task(index)
-    return Verdict(
-        evaluation_id=evaluation_id,
-        task_index=index,
-        attempt=0,
-        paper_category=task.paper_category,
-        status=VerdictStatus.UNAVAILABLE,
-        reason="input files missing from this copy of the suite: " + ", ".join(task.missing_inputs),
-    )
-
-
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
@@ -90,6 +72,7 @@ def create_evaluation(
     settings: SettingsDep,
     suite: SuiteDep,
     state: StateDep,
+    lifecycle: LifecycleDep,
     store: StoreDep,
     redis: RedisDep,
     response: Response,
@@ -141,19 +124,17 @@ def create_evaluation(
             has_judge_api_key=body.judge_api_key is not None,
         )
         store.put_evaluation(evaluation)
-        unavailable = [_unavailable_verdict(evaluation.id, suite, i) for i in evaluation.unavailable_tasks]
-        state.create(
+        lifecycle.create(
             evaluation,
-            body.api_key.get_secret_value() if body.api_key else None,
-            unavailable,
+            suite,
+            api_key=body.api_key.get_secret_value() if body.api_key else None,
             judge_api_key=body.judge_api_key.get_secret_value() if body.judge_api_key else None,
         )
     except BaseException:
         idempotency.release(redis, claim)
         raise
     idempotency.confirm(redis, claim, settings.IDEMPOTENCY_TTL_S)
-    for index in runnable:
-        enqueue_session(redis, SessionJob(evaluation_id=evaluation.id, task_index=index))
+    lifecycle.queue_sessions(evaluation)
     return _view(state, evaluation)
 
 
@@ -208,15 +189,11 @@ def get_evaluation(evaluation_id: str, caller: Caller, state: StateDep) -> Evalu
 
 
 @router.post("/{evaluation_id}/cancel", operation_id="cancel_evaluation", summary="Cancel an evaluation")
-def cancel_evaluation(evaluation_id: str, caller: Caller, state: StateDep, redis: RedisDep) -> EvaluationView:
+def cancel_evaluation(evaluation_id: str, caller: Caller, state: StateDep, lifecycle: LifecycleDep) -> EvaluationView:
     """Queued tasks are cancelled (their jobs removed); a running session stops before its next turn (its
     trajectory so far is kept, ungraded); sessions that already finished are graded."""
     evaluation = owned(state, caller, evaluation_id)
-    for index in state.cancel(evaluation.id):
-        job = SessionJob(
-            evaluation_id=evaluation.id, task_index=index, attempt=state.task_attempt(evaluation.id, index)
-        )
-        cancel_job(redis, session_job_id(job))
+    lifecycle.cancel(evaluation.id)
     return _view(state, evaluation)
 
 
@@ -232,7 +209,7 @@ class RetryRequest(BaseModel):
     summary="Run failed tasks again (failed, infra_error or ungradable ones), as new attempts",
 )
 def retry_tasks(
-    evaluation_id: str, caller: Caller, state: StateDep, redis: RedisDep, body: RetryRequest | None = None
+    evaluation_id: str, caller: Caller, state: StateDep, lifecycle: LifecycleDep, body: RetryRequest | None = None
 ) -> EvaluationView:
     evaluation = owned(state, caller, evaluation_id)
     if state.cancelled(evaluation.id):
@@ -249,9 +226,7 @@ def retry_tasks(
             f"tasks {refused} have no failed verdict (yet); retry only tasks in: {failed or 'none'}",
         )
     for index in wanted:
-        job = SessionJob(evaluation_id=evaluation.id, task_index=index, attempt=verdicts[index].attempt + 1)
-        state.reopen_task(evaluation.id, index, job.attempt)
-        enqueue_session(redis, job)
+        lifecycle.retry(evaluation.id, index)
     return _view(state, evaluation)
 
 
@@ -289,8 +264,7 @@ def put_keys(evaluation_id: str, body: KeysUpdate, caller: Caller, state: StateD
 @router.get("/{evaluation_id}/results", operation_id="get_results", summary="Per-task verdicts and the metrics so far")
 def get_results(evaluation_id: str, caller: Caller, state: StateDep) -> Results:
     owned(state, caller, evaluation_id)
-    progress = state.progress(evaluation_id)
-    return build_results(evaluation_id, state.verdicts(evaluation_id), progress.finished == progress.total)
+    return build_results(evaluation_id, state.verdicts(evaluation_id), state.complete(evaluation_id))
 
 
 @router.get("/{evaluation_id}/tasks", operation_id="list_evaluation_tasks", summary="Every task's state")
