@@ -185,7 +185,8 @@ KEY_LOST = (
 
 def key_lost(evaluation: Evaluation, task: Task, attempt: int, suite: Suite) -> Trajectory:
     """The trajectory of a session not run because its model key is gone: the opening messages only, ended by
-    a model error that says how to send the key again (graded ``infra_error``, never ``failed``).
+    ``key_lost`` with a message that says how to send the key again (graded ``infra_error``, never ``failed``,
+    never retried by itself).
 
     Raises:
         SuiteError: the suite has no prompt of the evaluation's name.
@@ -195,6 +196,6 @@ def key_lost(evaluation: Evaluation, task: Task, attempt: int, suite: Suite) -> 
         task_index=task.index,
         attempt=attempt,
         messages=opening_messages(suite.system_prompt(evaluation.prompt), task),
-        end_reason=EndReason.MODEL_ERROR,
+        end_reason=EndReason.KEY_LOST,
         error=KEY_LOST.format(days=DEFAULT_SECRET_TTL_S // 86400, evaluation_id=evaluation.id),
     )

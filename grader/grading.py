@@ -113,6 +113,7 @@ def grade(
     if trajectory.end_reason.infra:
         reason = f"{trajectory.end_reason.value}: {trajectory.error or 'no detail'}"
         verdict.status, verdict.reason = VerdictStatus.INFRA_ERROR, reason
+        verdict.retryable = trajectory.end_reason.retryable
         verdict.fixed = GradingOutcome(status=VerdictStatus.INFRA_ERROR, reason=reason)
         return verdict
     files = frozenset(normalise_output_path(name) for name in output_files)

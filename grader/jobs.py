@@ -13,18 +13,13 @@ from grader.check_sandbox import run_file_checks
 from grader.grading import FileCheckRunner, grade
 from grader.judging import judge_key_lost, judge_session
 from grader.settings import GraderSettings
+from services.lifecycle import TaskLifecycle, should_retry
 from services.metrics import build_results
 from services.netguard import EgressPolicy
-from services.queues import (
-    MAX_SESSION_ATTEMPTS,
-    GradeJob,
-    SessionJob,
-    enqueue_session,
-)
-from services.state import StateStore
+from services.queues import GradeJob
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
-from services.verdict import Verdict, VerdictStatus
+from services.verdict import VerdictStatus
 
 
 def sandbox_runner(
@@ -55,8 +50,9 @@ def grade_and_record(
 ) -> dict[str, Any]:
     """Grade the session of ``job``; write the verdict to the store and Redis, and the results when complete.
 
-    A session the environment broke is not recorded but run again as its next attempt, up to
-    ``MAX_SESSION_ATTEMPTS``; the last attempt's ``infra_error`` is recorded (and never counted as failed).
+    A session the environment broke in a way that may mend by itself is not recorded but run again as its
+    next attempt (``services.lifecycle``'s retry policy); the last attempt's ``infra_error`` is recorded (and
+    never counted as failed).
     ``run_files`` runs the checks that open produced files (see ``sandbox_runner``). When the evaluation has
     a judge, the session is judged too (``judge_options``: ``grader.judge.Judge``'s options, e.g. timeouts), its
     endpoint reached only where ``egress`` permits (no internal address when None).
@@ -68,13 +64,16 @@ def grade_and_record(
         SandboxStartError: a check needs the grading sandbox and the Docker engine or the image is missing
             (RQ records the job as failed; re-run it once ``make images`` has built the image).
     """
-    state = StateStore(redis)
+    lifecycle = TaskLifecycle(redis)
+    state = lifecycle.state
     task = suite.task(job.task_index)
     trajectory = store.get_trajectory(job.evaluation_id, job.task_index, job.attempt)
     output_files = store.list_output_files(job.evaluation_id, job.task_index, job.attempt)
     verdict = grade(task, trajectory, output_files, run_files)
-    if verdict.status is VerdictStatus.INFRA_ERROR and job.attempt < MAX_SESSION_ATTEMPTS:
-        return _retry(job, verdict, redis=redis, state=state, store=store)
+    if should_retry(verdict):
+        store.put_verdict(verdict)  # every attempt's verdict is kept in the store; Redis holds the task's last
+        recorded = lifecycle.record_verdict(verdict)
+        return {"task": task.index, "status": verdict.status.value, "retried_as_attempt": recorded.retried_as}
     evaluation = state.get(job.evaluation_id)
     judge = evaluation.judge
     if judge is not None and verdict.status is not VerdictStatus.INFRA_ERROR:
@@ -92,20 +91,9 @@ def grade_and_record(
                 **(judge_options or {}),
             )
     store.put_verdict(verdict)
-    state.put_verdict(verdict)
-    progress = state.progress(job.evaluation_id)
-    if progress.finished == progress.total:
+    if lifecycle.record_verdict(verdict).complete:
         store.put_results(build_results(job.evaluation_id, state.verdicts(job.evaluation_id), complete=True))
     return {"task": task.index, "status": verdict.status.value}
-
-
-def _retry(job: GradeJob, verdict: Verdict, *, redis: Redis, state: StateStore, store: ArtifactStore) -> dict[str, Any]:
-    """Run a session the environment broke again, as its next attempt; keep this attempt's verdict on disk only."""
-    store.put_verdict(verdict)
-    state.reopen_task(job.evaluation_id, job.task_index, job.attempt + 1)
-    session = SessionJob(evaluation_id=job.evaluation_id, task_index=job.task_index, attempt=job.attempt + 1)
-    enqueue_session(redis, session)
-    return {"task": job.task_index, "status": verdict.status.value, "retried_as_attempt": session.attempt}
 
 
 def grade_session(payload: dict[str, Any]) -> dict[str, Any]:

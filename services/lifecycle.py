@@ -162,7 +162,10 @@ class TaskLifecycle:
 
     def record_verdict(self, verdict: Verdict) -> Recorded:
         """Record the grade of a session: the task's verdict, the task ``done``; or, under the retry policy
-        (``should_retry``), the session queued again as its next attempt. Idempotent per task and attempt."""
+        (``should_retry``), the session queued again as its next attempt. Idempotent per task and attempt: the
+        grading of an attempt older than the task's (a duplicate the reconciler queued) changes nothing."""
+        if verdict.attempt < self.state.task_attempt(verdict.evaluation_id, verdict.task_index):
+            return Recorded(retried_as=None, complete=self.state.complete(verdict.evaluation_id))
         if should_retry(verdict):
             return Recorded(retried_as=self.retry(verdict.evaluation_id, verdict.task_index), complete=False)
         self._put_verdict(verdict)
