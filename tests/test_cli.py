@@ -27,7 +27,8 @@ from gateway.cli.report import REASON_WIDTH
 from gateway.cli.watch import watch
 from gateway.client import GatewayClient, GatewayError, GatewayUnreachableError
 from services.apikeys import ApiKeyStore
-from services.evaluation import TaskState
+from services.lifecycle import TaskLifecycle
+from services.queues import SessionJob
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.trajectory import EndReason, Execution, Message, Trajectory, Turn
@@ -203,15 +204,15 @@ def test_results_show_pass_rates_per_category_and_every_task(
 ) -> None:
     judge = {"endpoint": {"base_url": "http://127.0.0.1:9/v1", "model": "judge"}}
     evaluation_id = submit(client, [7, 13, 77, 90], judge=judge)
-    state = StateStore(redis_client)
+    lifecycle = TaskLifecycle(redis_client)
     passed_fixed = GradingOutcome(status=VerdictStatus.PASSED)
-    state.put_verdict(
+    lifecycle.record_verdict(
         verdict(
             evaluation_id, 7, VerdictStatus.PASSED, turns=3, fixed=passed_fixed, judgment=_judged(evaluation_id, True)
         )
     )
     long_reason = "the output file ./output/77.txt does not contain the expected summary " * 3
-    state.put_verdict(
+    lifecycle.record_verdict(
         verdict(
             evaluation_id,
             77,
@@ -222,7 +223,7 @@ def test_results_show_pass_rates_per_category_and_every_task(
             judgment=_judged(evaluation_id, False),
         )
     )
-    state.set_task_state(evaluation_id, 90, TaskState.RUNNING)
+    lifecycle.start(SessionJob(evaluation_id=evaluation_id, task_index=90))
     run = cli("results", evaluation_id)
     assert run.status == 0, run.err
     lines = run.out.splitlines()
@@ -261,14 +262,14 @@ def test_watch_follows_a_run_until_its_end_with_plain_lines_when_not_a_terminal(
     cli: Callable[..., Run], client: GatewayClient, redis_client: Redis
 ) -> None:
     evaluation_id = submit(client, [7, 13, 77, 90])
-    state = StateStore(redis_client)
+    lifecycle = TaskLifecycle(redis_client)
 
     def run_the_tasks() -> None:
         for index, status in ((7, VerdictStatus.PASSED), (77, VerdictStatus.FAILED), (90, VerdictStatus.PASSED)):
             time.sleep(0.4)
-            state.set_task_state(evaluation_id, index, TaskState.RUNNING)
+            lifecycle.start(SessionJob(evaluation_id=evaluation_id, task_index=index))
             time.sleep(0.6)
-            state.put_verdict(verdict(evaluation_id, index, status, turns=2))
+            lifecycle.record_verdict(verdict(evaluation_id, index, status, turns=2))
 
     worker = threading.Thread(target=run_the_tasks)
     worker.start()
@@ -293,9 +294,9 @@ def test_watch_follows_a_run_until_its_end_with_plain_lines_when_not_a_terminal(
 
 def test_watch_draws_bars_per_category_on_a_terminal(client: GatewayClient, redis_client: Redis) -> None:
     evaluation_id = submit(client, [7, 77])
-    state = StateStore(redis_client)
-    state.put_verdict(verdict(evaluation_id, 7, VerdictStatus.PASSED))
-    state.put_verdict(verdict(evaluation_id, 77, VerdictStatus.FAILED))
+    lifecycle = TaskLifecycle(redis_client)
+    lifecycle.record_verdict(verdict(evaluation_id, 7, VerdictStatus.PASSED))
+    lifecycle.record_verdict(verdict(evaluation_id, 77, VerdictStatus.FAILED))
     out = io.StringIO()
     results = watch(client, evaluation_id, Printer(out, styled=True))
     assert results.complete and results.metrics.passed == 1
@@ -390,7 +391,7 @@ def test_cancel_and_retry(cli: Callable[..., Run], client: GatewayClient, redis_
     assert StateStore(redis_client).cancelled(evaluation_id)
     assert_one_error_line(cli("retry", evaluation_id), 1, "HTTP 409: a cancelled evaluation is not run again")
     second = submit(client, [7, 77])
-    StateStore(redis_client).put_verdict(verdict(second, 7, VerdictStatus.INFRA_ERROR))
+    TaskLifecycle(redis_client).record_verdict(verdict(second, 7, VerdictStatus.INFRA_ERROR))
     assert_one_error_line(cli("retry", second, "--tasks", "77"), 1, "retry only tasks in: [7]")
     retried = cli("retry", second, "--tasks", "7")
     assert retried.status == 0 and "2 tasks queued" in retried.out
@@ -418,7 +419,7 @@ def test_the_leaderboard_lists_completed_evaluations(
     cli: Callable[..., Run], client: GatewayClient, redis_client: Redis
 ) -> None:
     evaluation_id = submit(client, [7])
-    StateStore(redis_client).put_verdict(verdict(evaluation_id, 7, VerdictStatus.PASSED))
+    TaskLifecycle(redis_client).record_verdict(verdict(evaluation_id, 7, VerdictStatus.PASSED))
     run = cli("leaderboard")
     assert run.status == 0
     (row,) = [line.split() for line in run.out.splitlines() if line.startswith("1 ")]
@@ -486,7 +487,7 @@ def test_export_writes_results_a_pybench_trajectory_file_notebooks_and_saved_fil
     )
     store.put_output_file(evaluation_id, 7, 1, "plots/7.png", b"png bytes")
     store.put_output_file(evaluation_id, 7, 1, "game/", b"")  # a folder the session left empty
-    StateStore(redis_client).put_verdict(verdict(evaluation_id, 7, VerdictStatus.PASSED))
+    TaskLifecycle(redis_client).record_verdict(verdict(evaluation_id, 7, VerdictStatus.PASSED))
     out = tmp_path / "export"
     run = cli("export", evaluation_id, "--out", str(out), "--notebooks", "--files")
     assert run.status == 0, run.err
@@ -548,7 +549,7 @@ def test_no_output_ever_shows_the_api_key(
     secret = plain.rsplit("_", 1)[-1]
     runs = [cli("--key", plain, "submit", "--model-url", model_server[0], "--model", MODEL, "--tasks", "7,77")]
     evaluation_id = runs[0].out.strip()
-    StateStore(redis_client).put_verdict(verdict(evaluation_id, 7, VerdictStatus.PASSED))
+    TaskLifecycle(redis_client).record_verdict(verdict(evaluation_id, 7, VerdictStatus.PASSED))
     for argv in (
         ["list"],
         ["list", "--json"],

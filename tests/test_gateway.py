@@ -13,6 +13,7 @@ from rq.serializers import JSONSerializer
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from services.apikeys import ApiKeyStore
+from services.lifecycle import TaskLifecycle
 from services.queues import SESSIONS_QUEUE
 from services.state import StateStore
 from services.store import ArtifactStore
@@ -266,7 +267,7 @@ def test_cancelling_removes_the_queued_sessions_and_retry_reruns_failed_tasks(
     # A task that failed runs again as its next attempt.
     second = api.post("/v1/evaluations", json=BODY).json()["evaluation"]["id"]
     state = StateStore(redis_client)
-    state.put_verdict(
+    TaskLifecycle(redis_client).record_verdict(
         Verdict(evaluation_id=second, task_index=7, attempt=1, paper_category="Chart", status=VerdictStatus.INFRA_ERROR)
     )
     refused = api.post(f"/v1/evaluations/{second}/retry", json={"tasks": [16]})
@@ -333,12 +334,11 @@ def test_internal_endpoints_are_refused_at_submission(
 
 
 def test_the_leaderboard_ranks_completed_evaluations_per_model(api: httpx.Client, redis_client: Redis) -> None:
-    state = StateStore(redis_client)
     made = []
     for passed in (True, False):
         evaluation_id = api.post("/v1/evaluations", json={**BODY, "tasks": [7]}).json()["evaluation"]["id"]
         status = VerdictStatus.PASSED if passed else VerdictStatus.FAILED
-        state.put_verdict(
+        TaskLifecycle(redis_client).record_verdict(
             Verdict(evaluation_id=evaluation_id, task_index=7, attempt=1, paper_category="Chart", status=status)
         )
         made.append(evaluation_id)
@@ -351,7 +351,7 @@ def test_the_leaderboard_ranks_completed_evaluations_per_model(api: httpx.Client
 
 def test_progress_streams_as_server_sent_events_until_the_end(api: httpx.Client, redis_client: Redis) -> None:
     evaluation_id = api.post("/v1/evaluations", json={**BODY, "tasks": [7]}).json()["evaluation"]["id"]
-    StateStore(redis_client).put_verdict(
+    TaskLifecycle(redis_client).record_verdict(
         Verdict(
             evaluation_id=evaluation_id, task_index=7, attempt=1, paper_category="Chart", status=VerdictStatus.PASSED
         )

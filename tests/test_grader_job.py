@@ -10,8 +10,9 @@ from rq.serializers import JSONSerializer
 
 from grader.jobs import grade_and_record
 from services.evaluation import Evaluation, JudgeConfig, ModelEndpoint, Sampling, TaskState
+from services.lifecycle import MAX_ATTEMPTS, TaskLifecycle
 from services.netguard import EgressPolicy
-from services.queues import MAX_SESSION_ATTEMPTS, SESSIONS_QUEUE, GradeJob
+from services.queues import SESSIONS_QUEUE, GradeJob
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import load_suite
@@ -43,7 +44,7 @@ def test_verdicts_are_recorded_and_results_written_once_every_task_is_graded(
     store = ArtifactStore(tmp_path)
     state = StateStore(redis_client)
     evaluation = evaluation_of("gradejob", [44, 134])
-    state.create(evaluation, None)
+    TaskLifecycle(redis_client).create(evaluation, suite)
     for index, answer in ((44, "Finished: saved"), (134, "Finished: no idea")):
         store.put_trajectory(
             Trajectory(
@@ -97,7 +98,7 @@ def test_an_evaluation_with_a_judge_gets_each_session_judged_with_the_key_from_t
             judge=JudgeConfig(endpoint=ModelEndpoint(base_url=url + "/v1", model="judge-model")),
             has_judge_api_key=True,
         )
-        state.create(evaluation, None, judge_api_key=canary)
+        TaskLifecycle(redis_client).create(evaluation, load_suite(suite_path), judge_api_key=canary)
         for index, answer in ((134, "Finished: no idea"), (44, "Finished: saved")):
             store.put_trajectory(
                 Trajectory(
@@ -145,9 +146,9 @@ def test_a_session_the_environment_broke_is_run_again_and_only_its_last_attempt_
     store = ArtifactStore(tmp_path)
     state = StateStore(redis_client)
     evaluation = evaluation_of("retried", [44])
-    state.create(evaluation, None)
+    TaskLifecycle(redis_client).create(evaluation, suite)
     queue = Queue(SESSIONS_QUEUE, connection=redis_client, serializer=JSONSerializer)
-    for attempt in range(1, MAX_SESSION_ATTEMPTS + 1):
+    for attempt in range(1, MAX_ATTEMPTS + 1):
         store.put_trajectory(
             Trajectory(
                 evaluation_id=evaluation.id,
@@ -164,13 +165,13 @@ def test_a_session_the_environment_broke_is_run_again_and_only_its_last_attempt_
             suite=suite,
             store=store,
         )
-        if attempt < MAX_SESSION_ATTEMPTS:
+        if attempt < MAX_ATTEMPTS:
             assert outcome["retried_as_attempt"] == attempt + 1
             assert f"pbe-session-retried-44-a{attempt + 1}" in queue.job_ids
             assert state.task_states(evaluation.id)[44] is TaskState.QUEUED and not state.verdicts(evaluation.id)
     assert "retried_as_attempt" not in outcome
     [verdict] = state.verdicts(evaluation.id)
-    assert verdict.status is VerdictStatus.INFRA_ERROR and verdict.attempt == MAX_SESSION_ATTEMPTS
+    assert verdict.status is VerdictStatus.INFRA_ERROR and verdict.attempt == MAX_ATTEMPTS
     assert state.task_states(evaluation.id)[44] is TaskState.DONE
     results = json.loads((tmp_path / "evaluations" / evaluation.id / "results.json").read_text())
     assert results["metrics"]["by_status"]["infra_error"] == 1 and results["metrics"]["by_status"]["failed"] == 0
@@ -189,7 +190,8 @@ def test_a_judge_whose_key_is_gone_is_not_called_and_the_judgment_says_how_to_se
             judge=JudgeConfig(endpoint=ModelEndpoint(base_url=url + "/v1", model="judge-model")),
             has_judge_api_key=True,
         )
-        state.create(evaluation, None)  # as restored from the store: the key was in Redis only
+        # as restored from the store: the key was in Redis only
+        TaskLifecycle(redis_client).create(evaluation, load_suite(suite_path))
         store.put_trajectory(
             Trajectory(
                 evaluation_id=evaluation.id,

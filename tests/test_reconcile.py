@@ -15,7 +15,8 @@ from gateway.app import create_app
 from gateway.reconcile import reconcile
 from gateway.settings import GatewaySettings
 from services.evaluation import TaskState
-from services.queues import GRADING_QUEUE, SESSIONS_QUEUE
+from services.lifecycle import TaskLifecycle
+from services.queues import GRADING_QUEUE, SESSIONS_QUEUE, SessionJob
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
@@ -69,7 +70,7 @@ def in_flight(redis: Redis, store: ArtifactStore, evaluation_id: str) -> None:
     """Put the evaluation of tasks [7, 16, 30, 44, 13] mid-run, as workers would, with the work of two lost:
     7 done; 16 started by an executor that died; 30 graded-to-be, trajectory stored, its grading job gone;
     44 still queued; 13 unavailable."""
-    state = StateStore(redis)
+    lifecycle = TaskLifecycle(redis)
     sessions = Queue(SESSIONS_QUEUE, connection=redis, serializer=JSONSerializer)
     for index in (7, 16, 30):
         sessions.remove(f"pbe-session-{evaluation_id}-{index}-a1")
@@ -80,8 +81,8 @@ def in_flight(redis: Redis, store: ArtifactStore, evaluation_id: str) -> None:
         evaluation_id=evaluation_id, task_index=7, attempt=1, paper_category="Chart", status=VerdictStatus.PASSED
     )
     store.put_verdict(done)
-    state.put_verdict(done)
-    state.set_task_state(evaluation_id, 16, TaskState.RUNNING)
+    lifecycle.record_verdict(done)
+    lifecycle.start(SessionJob(evaluation_id=evaluation_id, task_index=16))
     store.put_trajectory(
         Trajectory(
             evaluation_id=evaluation_id,
@@ -91,7 +92,8 @@ def in_flight(redis: Redis, store: ArtifactStore, evaluation_id: str) -> None:
             end_reason=EndReason.NO_CODE,
         )
     )
-    state.set_task_state(evaluation_id, 30, TaskState.GRADING)
+    lifecycle.finish_session(SessionJob(evaluation_id=evaluation_id, task_index=30))
+    Queue(GRADING_QUEUE, connection=redis, serializer=JSONSerializer).remove(f"pbe-grade-{evaluation_id}-30-a1")
 
 
 def test_after_a_redis_crash_lost_work_is_queued_again_once(

@@ -20,6 +20,7 @@ from executor.replay.server import create_app
 from executor.sandboxes.docker import DockerSandboxBackend
 from executor.settings import ExecutorSettings
 from services.evaluation import Evaluation, ModelEndpoint, Sampling, TaskState
+from services.lifecycle import TaskLifecycle
 from services.queues import GRADING_QUEUE, GradeJob, SessionJob, grade_job_id
 from services.state import StateStore
 from services.store import ArtifactStore
@@ -75,7 +76,7 @@ def run_session(
             sampling=Sampling(),
             has_api_key=api_key is not None,
         )
-        StateStore(redis_client).create(evaluation, api_key if key_held else None)
+        TaskLifecycle(redis_client).create(evaluation, load_suite(suite_path), api_key=api_key if key_held else None)
         summary = execute_session(
             SessionJob(evaluation_id=evaluation.id, task_index=index),
             settings=settings,
@@ -229,7 +230,7 @@ def test_a_running_session_of_a_cancelled_evaluation_stops_before_its_next_turn(
     @app.post("/v1/chat/completions")
     async def complete(request: Request) -> JSONResponse:
         asked.append(1)
-        StateStore(Redis.from_url(redis_url)).cancel("sess7")
+        TaskLifecycle(Redis.from_url(redis_url)).cancel("sess7")
         reply = "Action:\n```python\nprint(6 * 7)\n```"
         return JSONResponse(
             {
