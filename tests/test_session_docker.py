@@ -214,7 +214,7 @@ def test_a_session_whose_model_key_is_gone_never_calls_the_endpoint(
     assert seen == [], "the endpoint was called without the key the evaluation was submitted with"
     assert summary["sandbox_id"] is None and summary["turns"] == 0
     trajectory = ArtifactStore(tmp_path).get_trajectory(evaluation.id, 7, 1)
-    assert trajectory.end_reason is EndReason.MODEL_ERROR and trajectory.session is None
+    assert trajectory.end_reason is EndReason.KEY_LOST and trajectory.session is None
     assert f"PUT /v1/evaluations/{evaluation.id}/keys" in (trajectory.error or "")
     assert StateStore(redis_client).task_states(evaluation.id) == {7: TaskState.GRADING}  # graded as infra_error
 

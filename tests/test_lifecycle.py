@@ -1,0 +1,191 @@
+"""The task lifecycle against a real Redis: each transition, the retry policy, and two causes only the user can
+fix (a lost key, an endpoint that answers 404) ending after one attempt through the real executor and grader
+jobs, the real replay model server and a real kernel gateway (the local backend)."""
+
+from pathlib import Path
+
+import pytest
+from redis import Redis
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from executor.jobs import execute_session
+from executor.replay.server import create_app
+from executor.sandboxes.registry import get_backend
+from executor.settings import ExecutorSettings
+from grader.jobs import grade_and_record
+from services.evaluation import Evaluation, ModelEndpoint, Sampling, TaskState
+from services.lifecycle import MAX_ATTEMPTS, TaskLifecycle, should_retry
+from services.queues import GRADING_QUEUE, SESSIONS_QUEUE, GradeJob, SessionJob
+from services.store import ArtifactStore
+from services.suite import Suite, load_suite
+from services.trajectory import EndReason
+from services.verdict import Verdict, VerdictStatus
+from tests.servers import serve
+
+UNRECORDED_TASK = 98
+"""A task whose query no recorded trajectory has: the replay model answers its requests with 404."""
+
+
+@pytest.fixture()
+def suite(suite_path: Path) -> Suite:
+    return load_suite(suite_path)
+
+
+def evaluation_of(evaluation_id: str, tasks: list[int], suite: Suite, **fields: object) -> Evaluation:
+    return Evaluation(
+        id=evaluation_id,
+        model=ModelEndpoint(base_url="http://127.0.0.1:9/v1", model="pybench-replay"),
+        suite="pybench",
+        tasks=tasks,
+        unavailable_tasks=[t for t in tasks if not suite.task(t).available],
+        max_turns=10,
+        cell_timeout_s=30,
+        prompt="gpt",
+        sampling=Sampling(),
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def verdict_of(evaluation_id: str, task: int, status: VerdictStatus, attempt: int = 1, **fields: object) -> Verdict:
+    return Verdict(
+        evaluation_id=evaluation_id,
+        task_index=task,
+        attempt=attempt,
+        paper_category="Chart",
+        status=status,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def queued_ids(redis: Redis, queue: str) -> list[str]:
+    return Queue(queue, connection=redis, serializer=JSONSerializer).job_ids
+
+
+def test_a_task_goes_from_queued_through_running_and_grading_to_done(redis_client: Redis, suite: Suite) -> None:
+    lifecycle = TaskLifecycle(redis_client)
+    evaluation = evaluation_of("life1", [7, 13], suite)
+    assert evaluation.unavailable_tasks == [13]
+    lifecycle.create(evaluation, suite)
+    state = lifecycle.state
+    assert state.task_states("life1") == {7: TaskState.QUEUED, 13: TaskState.UNAVAILABLE}
+    [unavailable] = state.verdicts("life1")
+    assert unavailable.status is VerdictStatus.UNAVAILABLE and "./data/" in unavailable.reason
+
+    assert lifecycle.queue_sessions(evaluation) == [7]
+    assert queued_ids(redis_client, SESSIONS_QUEUE) == ["pbe-session-life1-7-a1"]
+    job = SessionJob(evaluation_id="life1", task_index=7)
+    assert lifecycle.start(job) and state.task_states("life1")[7] is TaskState.RUNNING
+    lifecycle.finish_session(job)
+    assert state.task_states("life1")[7] is TaskState.GRADING
+    assert queued_ids(redis_client, GRADING_QUEUE) == ["pbe-grade-life1-7-a1"]
+    assert not state.complete("life1")
+
+    recorded = lifecycle.record_verdict(verdict_of("life1", 7, VerdictStatus.PASSED))
+    assert recorded.retried_as is None and recorded.complete and state.complete("life1")
+    assert state.task_states("life1")[7] is TaskState.DONE
+
+
+def test_only_a_retryable_infra_error_runs_again_and_the_attempts_are_bounded(
+    redis_client: Redis, suite: Suite
+) -> None:
+    lifecycle = TaskLifecycle(redis_client)
+    lifecycle.create(evaluation_of("life2", [7, 16], suite), suite)
+    for attempt in range(1, MAX_ATTEMPTS):
+        broke = verdict_of("life2", 7, VerdictStatus.INFRA_ERROR, attempt, retryable=True)
+        assert should_retry(broke)
+        assert lifecycle.record_verdict(broke).retried_as == attempt + 1
+        assert lifecycle.state.task_states("life2")[7] is TaskState.QUEUED
+        assert f"pbe-session-life2-7-a{attempt + 1}" in queued_ids(redis_client, SESSIONS_QUEUE)
+    last = verdict_of("life2", 7, VerdictStatus.INFRA_ERROR, MAX_ATTEMPTS, retryable=True)
+    assert lifecycle.record_verdict(last).retried_as is None
+    assert lifecycle.state.task_states("life2")[7] is TaskState.DONE
+
+    users_to_fix = verdict_of("life2", 16, VerdictStatus.INFRA_ERROR, retryable=False)
+    assert lifecycle.record_verdict(users_to_fix).retried_as is None
+    assert lifecycle.state.task_states("life2")[16] is TaskState.DONE
+    assert not [j for j in queued_ids(redis_client, SESSIONS_QUEUE) if j.startswith("pbe-session-life2-16-")]
+
+
+def test_the_grading_of_a_superseded_attempt_changes_nothing(redis_client: Redis, suite: Suite) -> None:
+    lifecycle = TaskLifecycle(redis_client)
+    lifecycle.create(evaluation_of("life3", [7], suite), suite)
+    assert lifecycle.retry("life3", 7) == 2
+    stale = verdict_of("life3", 7, VerdictStatus.FAILED, attempt=1)
+    assert lifecycle.record_verdict(stale).retried_as is None
+    assert lifecycle.state.verdicts("life3") == [] and lifecycle.state.task_states("life3")[7] is TaskState.QUEUED
+    lifecycle.record_verdict(verdict_of("life3", 7, VerdictStatus.PASSED, attempt=2))
+    assert [v.attempt for v in lifecycle.state.verdicts("life3")] == [2]
+
+
+def test_cancelling_takes_queued_tasks_off_the_queue_and_a_cancelled_session_does_not_start(
+    redis_client: Redis, suite: Suite
+) -> None:
+    lifecycle = TaskLifecycle(redis_client)
+    evaluation = evaluation_of("life4", [7, 16], suite)
+    lifecycle.create(evaluation, suite)
+    lifecycle.queue_sessions(evaluation)
+    lifecycle.start(SessionJob(evaluation_id="life4", task_index=16))
+    assert lifecycle.cancel("life4") == [7]
+    assert "pbe-session-life4-7-a1" not in queued_ids(redis_client, SESSIONS_QUEUE)
+    assert not lifecycle.start(SessionJob(evaluation_id="life4", task_index=7))
+    lifecycle.finish_session(SessionJob(evaluation_id="life4", task_index=16), cancelled=True)
+    assert lifecycle.state.task_states("life4") == {7: TaskState.CANCELLED, 16: TaskState.CANCELLED}
+    assert lifecycle.state.complete("life4") and queued_ids(redis_client, GRADING_QUEUE) == []
+
+
+def run_and_grade(
+    evaluation: Evaluation, suite: Suite, redis_url: str, redis: Redis, tmp_path: Path, api_key: str | None = None
+) -> Verdict:
+    """Create the evaluation (keys held as given), run its one session with the executor's job on the local
+    backend, and grade it with the grader's job; returns the task's recorded verdict."""
+    settings = ExecutorSettings(
+        REDIS_URL=redis_url,
+        SUITE_PATH=suite.root,
+        ARTIFACT_ROOT=tmp_path,
+        SANDBOX_BACKEND="local",
+        SANDBOX_LOCAL_ROOT=str(tmp_path / "sandboxes"),
+        EGRESS_ALLOWLIST="127.0.0.1",
+        WARM_POOL=False,
+    )
+    lifecycle = TaskLifecycle(redis)
+    lifecycle.create(evaluation, suite, api_key=api_key)
+    [task] = evaluation.tasks
+    execute_session(
+        SessionJob(evaluation_id=evaluation.id, task_index=task),
+        settings=settings,
+        redis=redis,
+        backend=get_backend(settings),
+    )
+    store = ArtifactStore(tmp_path)
+    grade_and_record(GradeJob(evaluation_id=evaluation.id, task_index=task), redis=redis, suite=suite, store=store)
+    [verdict] = lifecycle.state.verdicts(evaluation.id)
+    assert lifecycle.state.task_states(evaluation.id) == {task: TaskState.DONE}
+    assert not [j for j in queued_ids(redis, SESSIONS_QUEUE) if j.startswith(f"pbe-session-{evaluation.id}-")]
+    return verdict
+
+
+@pytest.mark.slow
+def test_an_endpoint_that_answers_404_ends_the_task_after_one_attempt_with_what_to_fix(
+    redis_url: str, redis_client: Redis, suite: Suite, tmp_path: Path
+) -> None:
+    with serve(create_app(suite.root / "trajectory.jsonl")) as url:
+        evaluation = evaluation_of("life404", [UNRECORDED_TASK], suite).model_copy(
+            update={"model": ModelEndpoint(base_url=url + "/v1", model="pybench-replay")}
+        )
+        verdict = run_and_grade(evaluation, suite, redis_url, redis_client, tmp_path)
+    trajectory = ArtifactStore(tmp_path).get_trajectory("life404", UNRECORDED_TASK, 1)
+    assert trajectory.end_reason is EndReason.MODEL_REJECTED and trajectory.assistant_turns == 0
+    assert verdict.status is VerdictStatus.INFRA_ERROR and verdict.attempt == 1 and not verdict.retryable
+    assert verdict.reason.startswith("model_rejected:") and "404" in verdict.reason
+    assert "task_not_recorded" in verdict.reason or "no recorded trajectory" in verdict.reason
+
+
+def test_a_lost_model_key_ends_the_task_after_one_attempt_saying_how_to_send_it(
+    redis_url: str, redis_client: Redis, suite: Suite, tmp_path: Path
+) -> None:
+    evaluation = evaluation_of("lifekey", [7], suite, has_api_key=True)
+    verdict = run_and_grade(evaluation, suite, redis_url, redis_client, tmp_path, api_key=None)
+    assert verdict.status is VerdictStatus.INFRA_ERROR and verdict.attempt == 1 and not verdict.retryable
+    assert verdict.reason.startswith("key_lost:")
+    assert "PUT /v1/evaluations/lifekey/keys" in verdict.reason and "/retry" in verdict.reason
