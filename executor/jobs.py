@@ -15,7 +15,7 @@ from executor.model import ModelClient
 from executor.pool import WarmPool
 from executor.sandboxes.base import SandboxBackend
 from executor.sandboxes.registry import get_backend
-from executor.session import SessionLimits, SessionResult, key_lost, run_task_session
+from executor.session import SessionResult, key_lost, run_task_session
 from executor.settings import ExecutorSettings
 from executor.worker import current_pool
 from services.evaluation import Evaluation
@@ -98,13 +98,6 @@ def _run(
 ) -> SessionResult:
     """Run the session against the evaluation's endpoint, asking ``state`` before each turn whether the
     evaluation was cancelled."""
-    limits = SessionLimits(
-        image=settings.SANDBOX_IMAGE,
-        memory_mb=settings.SANDBOX_MEMORY_MB,
-        cpus=settings.SANDBOX_CPUS,
-        pids=settings.SANDBOX_PIDS,
-        ready_timeout_s=settings.SANDBOX_READY_TIMEOUT_S,
-    )
     model = ModelClient(
         evaluation.model.base_url,
         evaluation.model.model,
@@ -119,7 +112,7 @@ def _run(
             job.attempt,
             suite=suite,
             backend=backend,
-            limits=limits,
+            settings=settings,
             model=model,
             pool=pool,
             cancelled=lambda: state.cancelled(evaluation.id),

@@ -8,7 +8,6 @@ error in the trajectory. The sandbox is removed whatever happens.
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,10 +15,11 @@ from executor.agent import AgentRun, run_agent
 from executor.messages import opening_messages
 from executor.model import ModelClient
 from executor.pool import WarmPool, WarmSandbox, start_sandbox
-from executor.sandboxes.base import SandboxBackend, SandboxSpec
+from executor.sandboxes.base import SandboxBackend
+from executor.settings import ExecutorSettings
 from services.errors import SandboxError, SuiteError
 from services.evaluation import Evaluation
-from services.sandbox import SandboxHandle
+from services.sandbox import WORKSPACE, SandboxHandle
 from services.state import DEFAULT_SECRET_TTL_S
 from services.suite import Suite
 from services.task import Task
@@ -27,23 +27,8 @@ from services.trajectory import EndReason, SessionInfo, Trajectory
 
 log = logging.getLogger(__name__)
 
-WORKSPACE = "/workspace"
-"""The sandbox's working directory: the kernel runs here, inputs go to ``./data``, results to ``./output``."""
-
-
 SessionResult = tuple[Trajectory, dict[str, bytes]]
 """A session's trajectory, and the files it left under ``./output`` keyed by path relative to it."""
-
-
-@dataclass(frozen=True)
-class SessionLimits:
-    """The sandbox limits a session runs under (from the executor's settings)."""
-
-    image: str
-    memory_mb: int
-    cpus: float
-    pids: int
-    ready_timeout_s: float
 
 
 def sampling_for(evaluation: Evaluation, suite: Suite) -> dict[str, Any]:
@@ -88,13 +73,14 @@ def run_task_session(
     *,
     suite: Suite,
     backend: SandboxBackend,
-    limits: SessionLimits,
+    settings: ExecutorSettings,
     model: ModelClient,
     pool: WarmPool | None = None,
     cancelled: Callable[[], bool] | None = None,
 ) -> SessionResult:
-    """Run one task session in a sandbox of its own: taken from ``pool`` when given (already started), else
-    started now. ``cancelled`` is asked before each turn (see ``executor.agent.run_agent``).
+    """Run one task session in a sandbox of its own (image and limits from ``settings.sandbox_spec``): taken from
+    ``pool`` when given (already started), else started now. ``cancelled`` is asked before each turn (see
+    ``executor.agent.run_agent``).
 
     Returns:
         The trajectory, and the files the session left under ``./output`` keyed by path relative to it.
@@ -104,16 +90,7 @@ def run_task_session(
     """
     started = time.monotonic()
     messages = opening_messages(suite.system_prompt(evaluation.prompt), task)
-    spec = SandboxSpec(
-        evaluation_id=evaluation.id,
-        task_index=task.index,
-        attempt=attempt,
-        image=limits.image,
-        memory_mb=limits.memory_mb,
-        cpus=limits.cpus,
-        pids=limits.pids,
-        ready_timeout_s=limits.ready_timeout_s,
-    )
+    spec = settings.sandbox_spec(evaluation.id, task.index, attempt)
 
     def finish(run: AgentRun, session: SessionInfo | None, files: dict[str, bytes]) -> SessionResult:
         trajectory = Trajectory(

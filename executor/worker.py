@@ -14,8 +14,7 @@ from typing import Any
 
 from rq.worker import SimpleWorker
 
-from executor.pool import WarmPool
-from executor.sandboxes.base import SandboxSpec
+from executor.pool import POOL_EVALUATION, WarmPool
 from executor.sandboxes.registry import get_backend
 from executor.settings import ExecutorSettings
 
@@ -37,17 +36,7 @@ def open_pool(settings: ExecutorSettings) -> WarmPool | None:
     """
     global _pool
     if _pool is None and settings.WARM_POOL:
-        template = SandboxSpec(
-            evaluation_id="",
-            task_index=0,
-            attempt=0,
-            image=settings.SANDBOX_IMAGE,
-            memory_mb=settings.SANDBOX_MEMORY_MB,
-            cpus=settings.SANDBOX_CPUS,
-            pids=settings.SANDBOX_PIDS,
-            ready_timeout_s=settings.SANDBOX_READY_TIMEOUT_S,
-        )
-        _pool = WarmPool(get_backend(settings), template)
+        _pool = WarmPool(get_backend(settings), settings.sandbox_spec(POOL_EVALUATION, 0, 0))
         _pool.fill()
     return _pool
 

@@ -12,8 +12,8 @@ grader's in it. The files, ``file_checks.py`` and the request go into a volume o
 (a read-only root refuses copies anywhere else, and a tmpfs volume would drop them before the start): the
 copied tree belongs to root, so the sandbox can read it but not write to it or fill the disk. The container
 carries the labels ``pybench-eval.role=grading-sandbox`` and ``pybench-eval.project=pybench-eval``, its name
-and its volume's start with ``pbe-grd-``, and both are removed when the call returns, whatever happened;
-``reap`` removes what a killed grader left behind.
+and its volume's start with ``pbe-grd-`` (all defined in ``services.sandbox``), and both are removed when the
+call returns, whatever happened; ``reap`` removes what a killed grader left behind.
 """
 
 import contextlib
@@ -33,11 +33,16 @@ import requests
 
 from grader import file_checks
 from services.errors import SandboxStartError
-from services.sandbox import SANDBOX_LABEL_PREFIX, docker_created_epoch
+from services.sandbox import (
+    DEFAULT_SANDBOX_IMAGE,
+    GRADING_NAME_PREFIX,
+    GRADING_ROLE,
+    PROJECT,
+    PROJECT_LABEL,
+    ROLE_LABEL,
+    docker_created_epoch,
+)
 from services.verdict import CheckResult
-
-DEFAULT_IMAGE = "pybench-eval/sandbox:latest"
-"""The sandbox image: it has the scientific stack, ffmpeg, and the Python that runs ``file_checks.py``."""
 
 DEFAULT_TIMEOUT_S = 60.0
 """How long one call's checks may run before the container is killed (they then all fail)."""
@@ -54,12 +59,6 @@ DEFAULT_PIDS = 64
 DEFAULT_TMP_MB = 128
 """The size of the container's writable ``/tmp``."""
 
-GRADING_NAME_PREFIX = "pbe-grd-"
-"""Every grading container's and volume's name starts with this."""
-
-GRADING_ROLE = "grading-sandbox"
-"""The value of the ``pybench-eval.role`` label of grading containers and their volumes."""
-
 SANDBOX_PYTHON = "/opt/venv/bin/python"
 """The image's Python (its virtual environment has the scientific stack)."""
 
@@ -69,8 +68,7 @@ MOUNT = "/grading"
 SANDBOX_UID = 1000
 """The unprivileged user the checks run as."""
 
-_ROLE_LABEL = f"{SANDBOX_LABEL_PREFIX}.role"
-_LABELS = {_ROLE_LABEL: GRADING_ROLE, f"{SANDBOX_LABEL_PREFIX}.project": "pybench-eval"}
+_LABELS = {ROLE_LABEL: GRADING_ROLE, PROJECT_LABEL: PROJECT}
 _ROOT = f"{MOUNT}/workspace"
 _ENVIRONMENT = {
     "HOME": "/tmp",
@@ -88,7 +86,7 @@ def run_file_checks(
     checks: list[dict[str, Any]],
     files: dict[str, bytes],
     *,
-    image: str = DEFAULT_IMAGE,
+    image: str = DEFAULT_SANDBOX_IMAGE,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     client: Any = None,
 ) -> list[CheckResult]:
@@ -100,7 +98,8 @@ def run_file_checks(
         files: the workspace, by workspace-relative name (``output/2.csv``, ``data/80.jpeg``); a name ending
             in ``/`` is a folder (so an empty one can exist). A name that is absolute or climbs out with
             ``..`` is left out, and so is a file whose name is also a folder's (``a`` beside ``a/b``).
-        image: the sandbox image.
+        image: the sandbox image (it has the scientific stack, ffmpeg, and the Python that runs
+            ``file_checks.py``).
         timeout_s: how long the checks may run once the container has started.
         client: a ``docker.DockerClient`` (default: from the environment).
 
@@ -300,7 +299,7 @@ def reap(older_than_s: float = 0.0, client: Any = None) -> list[str]:
     """
     engine = _engine(client)
     cutoff = time.time() - older_than_s
-    label = f"{_ROLE_LABEL}={GRADING_ROLE}"
+    label = f"{ROLE_LABEL}={GRADING_ROLE}"
     removed = []
     try:
         for container in engine.api.containers(all=True, filters={"label": label}):

@@ -28,8 +28,8 @@ from grader import session_files  # noqa: E402
 from grader.check_sandbox import run_file_checks  # noqa: E402
 from grader.checks import runs_in_process  # noqa: E402
 from grader.grading import grade  # noqa: E402
-from grader.settings import DEFAULT_SANDBOX_IMAGE  # noqa: E402
 from grader.variants import Grading, checks_for  # noqa: E402
+from services.sandbox import DEFAULT_SANDBOX_IMAGE  # noqa: E402
 from services.suite import Suite, load_suite  # noqa: E402
 from services.task import Task  # noqa: E402
 from services.trajectory import EndReason, Message, Trajectory  # noqa: E402

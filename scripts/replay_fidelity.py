@@ -37,9 +37,10 @@ from executor.messages import INTERPRETER_PREFIX  # noqa: E402
 from executor.model import ModelClient  # noqa: E402
 from executor.replay.server import create_app  # noqa: E402
 from executor.sandboxes.docker import DockerSandboxBackend  # noqa: E402
-from executor.session import SessionLimits, run_task_session  # noqa: E402
-from executor.settings import DEFAULT_SANDBOX_IMAGE  # noqa: E402
+from executor.session import run_task_session  # noqa: E402
+from executor.settings import ExecutorSettings  # noqa: E402
 from services.evaluation import Evaluation, ModelEndpoint, Sampling  # noqa: E402
+from services.sandbox import DEFAULT_SANDBOX_IMAGE, ROLE_LABEL  # noqa: E402
 from services.suite import Suite, load_suite  # noqa: E402
 from tests.servers import serve  # noqa: E402
 
@@ -95,12 +96,14 @@ def replay_task(suite: Suite, index: int, url: str, recorded: list[dict[str, Any
         prompt="gpt",
         sampling=Sampling(),
     )
-    limits = SessionLimits(image=image, memory_mb=4096, cpus=1.0, pids=512, ready_timeout_s=120)
+    settings = ExecutorSettings(SANDBOX_IMAGE=image, SANDBOX_MEMORY_MB=4096, SANDBOX_READY_TIMEOUT_S=120)
     model = ModelClient(url, "pybench-replay", timeout_s=60)
     backend = DockerSandboxBackend(network=NETWORK)
     began = time.monotonic()
     try:
-        trajectory, _ = run_task_session(evaluation, task, 1, suite=suite, backend=backend, limits=limits, model=model)
+        trajectory, _ = run_task_session(
+            evaluation, task, 1, suite=suite, backend=backend, settings=settings, model=model
+        )
     finally:
         model.close()
     ours = interpreter_outputs([m.model_dump() for m in trajectory.messages])
@@ -148,7 +151,7 @@ def main() -> int:
     skipped = [i for i in wanted if i not in runnable]
     engine = docker.client.from_env()
     if not engine.networks.list(names=[NETWORK]):
-        engine.networks.create(NETWORK, driver="bridge", internal=True, labels={"pybench-eval.role": "fidelity"})
+        engine.networks.create(NETWORK, driver="bridge", internal=True, labels={ROLE_LABEL: "fidelity"})
     began = time.monotonic()
     try:
         with serve(create_app(args.suite / "trajectory.jsonl")) as url, ThreadPoolExecutor(args.workers) as pool:

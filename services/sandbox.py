@@ -1,17 +1,70 @@
-"""The sandbox handle: enough to re-attach to a running sandbox from another process, or to clean it up."""
+"""The sandbox contract every service shares: the handle that re-attaches to a sandbox, and the image, names,
+labels and paths that find one.
 
+Every sandbox object (container, volume, network) carries ``PROJECT_LABEL`` and ``ROLE_LABEL``; a session's
+sandbox also carries ``EVALUATION_LABEL``, ``TASK_LABEL`` and ``ATTEMPT_LABEL``. A session sandbox's name
+starts with ``SANDBOX_NAME_PREFIX``, a grading sandbox's with ``GRADING_NAME_PREFIX``, so one pattern finds
+each kind and ``reap`` removes what a crash left behind. The grader may not import executor code: what both
+need lives here.
+"""
+
+import secrets
 from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field
 
+DEFAULT_SANDBOX_IMAGE = "pybench-eval/sandbox:latest"
+"""The image sessions run in, and grading checks open produced files in (built by ``make images``)."""
+
+WORKSPACE = "/workspace"
+"""The sandbox's working directory: the kernel runs here, inputs go to ``./data``, results to ``./output``;
+the only place files are copied into."""
+
+PROJECT = "pybench-eval"
+"""The value of ``PROJECT_LABEL`` on everything this project starts."""
+
 SANDBOX_LABEL_PREFIX = "pybench-eval"
-"""Prefix of the labels every sandbox container carries (``pybench-eval.evaluation`` ...)."""
+"""Prefix of the label keys every sandbox object carries (``pybench-eval.evaluation`` ...)."""
+
+PROJECT_LABEL = f"{SANDBOX_LABEL_PREFIX}.project"
+ROLE_LABEL = f"{SANDBOX_LABEL_PREFIX}.role"
+"""What the object is: ``SANDBOX_ROLE``, ``GRADING_ROLE``, or a backend's own (``sandbox-workspace`` ...)."""
+EVALUATION_LABEL = f"{SANDBOX_LABEL_PREFIX}.evaluation"
+TASK_LABEL = f"{SANDBOX_LABEL_PREFIX}.task"
+ATTEMPT_LABEL = f"{SANDBOX_LABEL_PREFIX}.attempt"
+
+SANDBOX_ROLE = "sandbox"
+"""The role of a task session's sandbox."""
+
+GRADING_ROLE = "grading-sandbox"
+"""The role of a grading sandbox (the container that opens produced files for the checks) and its volume."""
 
 SANDBOX_NAME_PREFIX = "pbe-sbx-"
-"""Every sandbox container's name starts with this, so one pattern finds them all."""
+"""Every session sandbox's name starts with this, so one pattern finds them all."""
+
+GRADING_NAME_PREFIX = "pbe-grd-"
+"""Every grading sandbox's (and its volume's) name starts with this."""
+
+
+def sandbox_name(evaluation_id: str, task_index: int, attempt: int) -> str:
+    """A new name for a session's sandbox: ``pbe-sbx-<first 12 of the evaluation id>-<task>-a<attempt>-<6 hex>``."""
+    return f"{SANDBOX_NAME_PREFIX}{evaluation_id[:12]}-{task_index}-a{attempt}-{secrets.token_hex(3)}"
+
+
+def sandbox_labels(evaluation_id: str, task_index: int, attempt: int) -> dict[str, str]:
+    """The labels of a session's sandbox."""
+    return {
+        PROJECT_LABEL: PROJECT,
+        ROLE_LABEL: SANDBOX_ROLE,
+        EVALUATION_LABEL: evaluation_id,
+        TASK_LABEL: str(task_index),
+        ATTEMPT_LABEL: str(attempt),
+    }
 
 
 class SandboxHandle(BaseModel):
+    """A started sandbox as data: enough to re-attach to it from another process, or to clean it up."""
+
     backend: str
     sandbox_id: str
     name: str

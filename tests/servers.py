@@ -17,6 +17,8 @@ from typing import Any
 import uvicorn
 from redis import Redis
 
+from services.sandbox import ROLE_LABEL
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -105,7 +107,7 @@ def files_made_in_sandbox_image(
         entrypoint=["/opt/venv/bin/python", "-I", "-c", script],
         command=[],
         user="1000:1000",
-        labels={"pybench-eval.role": "test-fixtures"},
+        labels={ROLE_LABEL: "test-fixtures"},
         environment={"HOME": "/tmp", "MPLCONFIGDIR": "/tmp"},
         host_config=api.create_host_config(
             network_mode="none",

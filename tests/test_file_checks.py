@@ -21,15 +21,16 @@ import docker.client
 import pytest
 
 from grader import file_checks
-from grader.check_sandbox import GRADING_ROLE, parse_results, reap, run_file_checks, workspace_name
+from grader.check_sandbox import parse_results, reap, run_file_checks, workspace_name
 from services.errors import SandboxStartError
+from services.sandbox import DEFAULT_SANDBOX_IMAGE, GRADING_ROLE, ROLE_LABEL
 from services.verdict import CheckResult
 from tests.servers import files_made_in_sandbox_image
 
 pytestmark = pytest.mark.docker
 
-IMAGE = "pybench-eval/sandbox:latest"
-GRADING_LABEL = f"pybench-eval.role={GRADING_ROLE}"
+IMAGE = DEFAULT_SANDBOX_IMAGE
+GRADING_LABEL = f"{ROLE_LABEL}={GRADING_ROLE}"
 
 GENERATOR = r"""
 import base64, io, os, pickle, tarfile, tempfile

@@ -16,6 +16,7 @@ import pytest
 from grader import session_files
 from grader.check_sandbox import run_file_checks
 from grader.grading import grade
+from services.sandbox import DEFAULT_SANDBOX_IMAGE
 from services.suite import Suite, load_suite
 from services.trajectory import EndReason, Message, Trajectory
 from services.verdict import CheckResult, VerdictStatus
@@ -23,7 +24,7 @@ from tests.servers import files_made_in_sandbox_image
 
 pytestmark = pytest.mark.docker
 
-IMAGE = "pybench-eval/sandbox:latest"
+IMAGE = DEFAULT_SANDBOX_IMAGE
 
 SOLUTIONS = r"""
 import base64, io, sys, tarfile

@@ -8,10 +8,11 @@ import pytest
 from executor.pool import POOL_EVALUATION, WarmPool
 from executor.sandboxes.base import SandboxSpec
 from executor.sandboxes.docker import DockerSandboxBackend
+from services.sandbox import DEFAULT_SANDBOX_IMAGE, EVALUATION_LABEL
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-IMAGE = "pybench-eval/sandbox:latest"
+IMAGE = DEFAULT_SANDBOX_IMAGE
 EVALUATION = "test-pool"
 
 
@@ -24,7 +25,7 @@ def backend(sandbox_network: str) -> Iterator[DockerSandboxBackend]:
 
 
 def _pool_containers() -> list[object]:
-    label = f"pybench-eval.evaluation={POOL_EVALUATION}"
+    label = f"{EVALUATION_LABEL}={POOL_EVALUATION}"
     return list(docker.from_env().containers.list(all=True, filters={"label": label}))
 
 
@@ -55,7 +56,7 @@ def test_a_spec_with_other_limits_gets_a_sandbox_started_on_demand(backend: Dock
         sandbox = pool.take(SandboxSpec(EVALUATION, 1, 1, image=IMAGE, memory_mb=1024))
         assert not sandbox.warm
         container = docker.from_env().containers.get(sandbox.handle.sandbox_id)
-        assert container.labels["pybench-eval.evaluation"] == EVALUATION
+        assert container.labels[EVALUATION_LABEL] == EVALUATION
         assert container.attrs["HostConfig"]["Memory"] == 1024 * 2**20
         sandbox.kernel.close()
         backend.stop(sandbox.handle)

@@ -12,11 +12,17 @@ from executor.kernel import KernelClient
 from executor.sandboxes.base import SandboxSpec
 from executor.sandboxes.docker import DockerSandboxBackend
 from services.errors import SandboxStartError, SandboxUnavailableError
-from services.sandbox import SandboxHandle
+from services.sandbox import (
+    DEFAULT_SANDBOX_IMAGE,
+    EVALUATION_LABEL,
+    SANDBOX_NAME_PREFIX,
+    TASK_LABEL,
+    SandboxHandle,
+)
 
 pytestmark = pytest.mark.docker
 
-SANDBOX_IMAGE = "pybench-eval/sandbox:latest"
+SANDBOX_IMAGE = DEFAULT_SANDBOX_IMAGE
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +52,9 @@ def test_sandbox_runs_as_labelled_unprivileged_container_on_internal_network(
 ) -> None:
     container = docker.from_env().containers.get(sandbox.sandbox_id)
     config = container.attrs["HostConfig"]
-    assert container.name.startswith("pbe-sbx-")
-    assert container.labels["pybench-eval.evaluation"] == "test-sandbox"
-    assert container.labels["pybench-eval.task"] == "1"
+    assert container.name.startswith(SANDBOX_NAME_PREFIX)
+    assert container.labels[EVALUATION_LABEL] == "test-sandbox"
+    assert container.labels[TASK_LABEL] == "1"
     assert container.attrs["Config"]["User"] == "1000:1000"
     assert config["CapDrop"] == ["ALL"]
     assert config["Memory"] == 2048 * 2**20

@@ -11,19 +11,31 @@ from dataclasses import dataclass
 
 from services.sandbox import SandboxHandle
 
+DEFAULT_MEMORY_MB = 2048
+"""A sandbox's memory limit (no swap), unless ``PBE_SANDBOX_MEMORY_MB`` says otherwise."""
+
+DEFAULT_CPUS = 1.0
+"""A sandbox's CPU limit, unless ``PBE_SANDBOX_CPUS`` says otherwise."""
+
+DEFAULT_PIDS = 512
+"""A sandbox's process and thread limit, unless ``PBE_SANDBOX_PIDS`` says otherwise."""
+
+DEFAULT_READY_TIMEOUT_S = 60.0
+"""How long a sandbox's kernel gateway may take to answer, unless ``PBE_SANDBOX_READY_TIMEOUT_S`` says otherwise."""
+
 
 @dataclass(frozen=True)
 class SandboxSpec:
-    """What a session asks of its sandbox."""
+    """What a session asks of its sandbox; a worker makes it with ``ExecutorSettings.sandbox_spec``."""
 
     evaluation_id: str
     task_index: int
     attempt: int
     image: str
-    memory_mb: int = 2048
-    cpus: float = 1.0
-    pids: int = 512
-    ready_timeout_s: float = 60.0
+    memory_mb: int = DEFAULT_MEMORY_MB
+    cpus: float = DEFAULT_CPUS
+    pids: int = DEFAULT_PIDS
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
     workspace_mb: int = 1024
     """Size cap of the writable ``/workspace`` (inputs and outputs); the root filesystem is read-only."""
     tmp_mb: int = 256

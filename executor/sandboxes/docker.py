@@ -9,7 +9,8 @@ the root stays read-only). Its routing table holds one route, to the executor (`
 route, and no way to another sandbox on the shared bridge. Its only environment variable is its own gateway
 token. Every container carries the labels
 ``pybench-eval.role=sandbox``, ``pybench-eval.evaluation``, ``.task`` and ``.attempt``, and a name that
-starts with ``pbe-sbx-``, so ``reap`` finds what a crashed worker left behind.
+starts with ``pbe-sbx-`` (``services.sandbox``), so ``reap`` finds what a crashed worker left behind; its
+workspace volume, its confining helper and the network carry the project label and roles of their own.
 """
 
 import contextlib
@@ -28,7 +29,18 @@ import requests
 
 from executor.sandboxes.base import SandboxBackend, SandboxSpec, with_empty_folders
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
-from services.sandbox import SANDBOX_LABEL_PREFIX, SANDBOX_NAME_PREFIX, SandboxHandle, docker_created_epoch
+from services.sandbox import (
+    EVALUATION_LABEL,
+    PROJECT,
+    PROJECT_LABEL,
+    ROLE_LABEL,
+    SANDBOX_ROLE,
+    WORKSPACE,
+    SandboxHandle,
+    docker_created_epoch,
+    sandbox_labels,
+    sandbox_name,
+)
 
 DEFAULT_GATEWAY_PORT = 8888
 """The port the kernel gateway listens on inside the container."""
@@ -39,14 +51,12 @@ DEFAULT_MAX_TREE_BYTES = 512 * 1024 * 1024
 SANDBOX_UID = 1000
 """The unprivileged user the sandbox image runs as; files copied in belong to it."""
 
-WORKSPACE = "/workspace"
-"""The sandbox's working directory and the only place files are copied into."""
-
 SANDBOX_HOME = "/home/sandbox"
 """The sandbox user's home: a size-capped tmpfs."""
 
-_ROLE_LABEL = f"{SANDBOX_LABEL_PREFIX}.role"
-_PROJECT_LABELS = {f"{SANDBOX_LABEL_PREFIX}.project": "pybench-eval"}
+_WORKSPACE_ROLE = "sandbox-workspace"
+_CONFINE_ROLE = "sandbox-confine"
+_NETWORK_ROLE = "sandbox-network"
 _DOCKER_ERRORS = (docker.errors.DockerException, requests.RequestException)
 
 
@@ -72,21 +82,13 @@ class DockerSandboxBackend(SandboxBackend):
         """Create the internal sandbox network when it does not exist yet."""
         if not self.client.networks.list(names=[self.network]):
             self.client.networks.create(
-                self.network, driver="bridge", internal=True, labels={**_PROJECT_LABELS, _ROLE_LABEL: "sandbox-network"}
+                self.network, driver="bridge", internal=True, labels={PROJECT_LABEL: PROJECT, ROLE_LABEL: _NETWORK_ROLE}
             )
 
     def start(self, spec: SandboxSpec) -> SandboxHandle:
         token = secrets.token_urlsafe(24)
-        name = (
-            f"{SANDBOX_NAME_PREFIX}{spec.evaluation_id[:12]}-{spec.task_index}-a{spec.attempt}-{secrets.token_hex(3)}"
-        )
-        labels = {
-            **_PROJECT_LABELS,
-            _ROLE_LABEL: "sandbox",
-            f"{SANDBOX_LABEL_PREFIX}.evaluation": spec.evaluation_id,
-            f"{SANDBOX_LABEL_PREFIX}.task": str(spec.task_index),
-            f"{SANDBOX_LABEL_PREFIX}.attempt": str(spec.attempt),
-        }
+        name = sandbox_name(spec.evaluation_id, spec.task_index, spec.attempt)
+        labels = sandbox_labels(spec.evaluation_id, spec.task_index, spec.attempt)
         tmpfs = f"rw,nosuid,nodev,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,size={spec.tmp_mb}m"
         try:
             self.ensure_network()
@@ -98,7 +100,7 @@ class DockerSandboxBackend(SandboxBackend):
                     "device": "tmpfs",
                     "o": f"size={spec.workspace_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,nosuid,nodev",
                 },
-                labels={**labels, _ROLE_LABEL: "sandbox-workspace"},
+                labels={**labels, ROLE_LABEL: _WORKSPACE_ROLE},
             )
             # create + start, never run: run pulls a missing image, and sandboxes never reach a registry.
             container = self.client.containers.create(
@@ -191,7 +193,7 @@ class DockerSandboxBackend(SandboxBackend):
             image,
             command=["sh", "-ec", script],
             name=f"{name}-net",
-            labels={**labels, _ROLE_LABEL: "sandbox-confine"},
+            labels={**labels, ROLE_LABEL: _CONFINE_ROLE},
             network_mode=f"container:{container.id}",
             user="0:0",
             cap_drop=["ALL"],
@@ -320,21 +322,21 @@ class DockerSandboxBackend(SandboxBackend):
         self._remove(handle.sandbox_id, handle.name)
 
     def reap(self, evaluation_id: str | None = None, older_than_s: float = 0.0) -> list[str]:
-        filters = [f"{_ROLE_LABEL}=sandbox"]
+        filters = [f"{ROLE_LABEL}={SANDBOX_ROLE}"]
         if evaluation_id is not None:
-            filters.append(f"{SANDBOX_LABEL_PREFIX}.evaluation={evaluation_id}")
+            filters.append(f"{EVALUATION_LABEL}={evaluation_id}")
         cutoff = time.time() - older_than_s
         removed = []
         for container in self.client.containers.list(all=True, filters={"label": filters}):
             if docker_created_epoch(container.attrs.get("Created", "")) <= cutoff:
                 self._remove(container.id, container.name)
                 removed.append(container.name)
-        confine_filters = [f"{_ROLE_LABEL}=sandbox-confine", *filters[1:]]
+        confine_filters = [f"{ROLE_LABEL}={_CONFINE_ROLE}", *filters[1:]]
         for helper in self.client.containers.list(all=True, filters={"label": confine_filters}):
             if docker_created_epoch(helper.attrs.get("Created", "")) <= cutoff:
                 with contextlib.suppress(*_DOCKER_ERRORS):
                     helper.remove(force=True)
-        workspace_filters = [f"{_ROLE_LABEL}=sandbox-workspace", *filters[1:]]
+        workspace_filters = [f"{ROLE_LABEL}={_WORKSPACE_ROLE}", *filters[1:]]
         for volume in self.client.volumes.list(filters={"label": workspace_filters}):
             if docker_created_epoch(volume.attrs.get("CreatedAt", "")) <= cutoff and volume.name not in removed:
                 self._remove_volume(volume.name)

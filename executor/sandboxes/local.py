@@ -66,13 +66,10 @@ import psutil
 
 from executor.sandboxes.base import SandboxBackend, SandboxSpec, with_empty_folders
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
-from services.sandbox import SANDBOX_LABEL_PREFIX, SANDBOX_NAME_PREFIX, SandboxHandle
+from services.sandbox import EVALUATION_LABEL, WORKSPACE, SandboxHandle, sandbox_labels, sandbox_name
 
 SANDBOX_DIR_PREFIX = "pbe-local-"
 """Every local sandbox's folder under the root starts with this, so ``reap`` finds them all."""
-
-WORKSPACE = "/workspace"
-"""The sandbox path that maps to the sandbox's ``workspace/`` folder; no other sandbox path exists."""
 
 DEFAULT_CONFIG_FILE = Path(__file__).resolve().parent.parent / "sandbox" / "jupyter_kernel_gateway_config.py"
 """The gateway configuration of the sandbox image, reused as is."""
@@ -88,8 +85,6 @@ DEFAULT_MAX_TREE_BYTES = 512 * 1024 * 1024
 
 _LOG_TAIL_CHARS = 2000
 _CONFIG_FAILED = b"Exception while loading config file"
-_ROLE_LABEL = f"{SANDBOX_LABEL_PREFIX}.role"
-_EVALUATION_LABEL = f"{SANDBOX_LABEL_PREFIX}.evaluation"
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 _CHILDREN: dict[int, "subprocess.Popen[bytes]"] = {}
 """Gateways started by this process, by pid, so that whichever backend instance stops one also reaps it."""
@@ -159,16 +154,8 @@ class LocalSandboxBackend(SandboxBackend):
                 message); the processes and the folder are removed before this is raised.
         """
         token = secrets.token_urlsafe(24)
-        name = (
-            f"{SANDBOX_NAME_PREFIX}{spec.evaluation_id[:12]}-{spec.task_index}-a{spec.attempt}-{secrets.token_hex(3)}"
-        )
-        labels = {
-            f"{SANDBOX_LABEL_PREFIX}.project": "pybench-eval",
-            _ROLE_LABEL: "sandbox",
-            _EVALUATION_LABEL: spec.evaluation_id,
-            f"{SANDBOX_LABEL_PREFIX}.task": str(spec.task_index),
-            f"{SANDBOX_LABEL_PREFIX}.attempt": str(spec.attempt),
-        }
+        name = sandbox_name(spec.evaluation_id, spec.task_index, spec.attempt)
+        labels = sandbox_labels(spec.evaluation_id, spec.task_index, spec.attempt)
         _prune_children()
         if self.config_file is not None and not self.config_file.is_file():
             raise SandboxStartError(
@@ -379,7 +366,7 @@ class LocalSandboxBackend(SandboxBackend):
                 continue
             labels = meta.get("labels")
             if evaluation_id is not None and (
-                not isinstance(labels, dict) or labels.get(_EVALUATION_LABEL) != evaluation_id
+                not isinstance(labels, dict) or labels.get(EVALUATION_LABEL) != evaluation_id
             ):
                 continue
             created = meta.get("created")
