@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from redis import Redis
 
 from gateway.app import create_app
-from tests.test_gateway import ADMIN_KEY, gateway_settings
+from tests.fixtures import ADMIN_KEY, gateway_settings
 
 EXAMPLES_PER_OPERATION = 30
 

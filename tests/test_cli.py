@@ -33,8 +33,8 @@ from services.state import StateStore
 from services.store import ArtifactStore
 from services.trajectory import EndReason, Execution, Message, Trajectory, Turn
 from services.verdict import GradingOutcome, JudgeOutcome, Verdict, VerdictStatus
+from tests.fixtures import ADMIN_KEY, gateway_settings
 from tests.servers import free_port, serve
-from tests.test_gateway import ADMIN_KEY, gateway_settings
 
 MODEL = "tiny-model"
 MODEL_KEY = "sk-cli-model-canary-51c0"

@@ -18,26 +18,10 @@ from services.queues import SESSIONS_QUEUE
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.verdict import Verdict, VerdictStatus
+from tests.fixtures import ADMIN_KEY, BODY, gateway_settings
 
 CANARY_KEY = "sk-canary-4f1d2a9e7b"
 JUDGE_CANARY_KEY = "sk-judge-canary-8c2e"
-BODY = {"model": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}, "tasks": [7, 13, 16], "prompt": "gpt"}
-
-
-ADMIN_KEY = "pbe-test-admin-key-0f3a9c"
-
-
-def gateway_settings(redis_url: str, suite_path: Path, tmp_path: Path, **overrides: object) -> GatewaySettings:
-    values: dict[str, object] = {
-        "REDIS_URL": redis_url,
-        "SUITE_PATH": suite_path,
-        "ARTIFACT_ROOT": tmp_path,
-        "ADMIN_KEY": ADMIN_KEY,
-        "EGRESS_ALLOWLIST": "127.0.0.1",
-        "RECONCILE_INTERVAL_S": 0,
-        "PREFLIGHT": False,
-    }
-    return GatewaySettings(**(values | overrides))  # type: ignore[arg-type]
 
 
 @pytest.fixture()

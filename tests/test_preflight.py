@@ -17,8 +17,8 @@ from rq.serializers import JSONSerializer
 
 from gateway.app import create_app
 from services.queues import SESSIONS_QUEUE
+from tests.fixtures import ADMIN_KEY, BODY, gateway_settings
 from tests.servers import free_port, serve
-from tests.test_gateway import ADMIN_KEY, BODY, gateway_settings
 
 KEY = "sk-preflight-canary-91c3"
 

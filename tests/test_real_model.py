@@ -25,8 +25,8 @@ from executor.worker import ExecutorWorker
 from gateway.app import create_app
 from services.queues import GRADING_QUEUE, SESSIONS_QUEUE
 from services.suite import load_suite
+from tests.fixtures import ADMIN_KEY, gateway_settings
 from tests.servers import LlamaServer, smollm2_path
-from tests.test_gateway import ADMIN_KEY, gateway_settings
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.real_model]
 
