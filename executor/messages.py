@@ -1,19 +1,16 @@
-"""PyBench's message shapes: the opening messages of a session and the code interpreter's replies."""
+"""PyBench's message shapes: the opening messages of a session and the code interpreter's replies, written with
+the conventions of ``services.pybench``."""
 
 from executor.output import CellOutput
+from services.pybench import ERROR_PREAMBLE, data_message_text
+from services.pybench import INTERPRETER_PREFIX as INTERPRETER_PREFIX  # re-exported: callers import it from here
 from services.task import Task
 from services.trajectory import Execution, Message
-
-INTERPRETER_PREFIX = "[INFO]This is a Code Interpreter Message:\n"
-"""Every code-execution result goes back to the model as a user message starting with this."""
-
-ERROR_PREAMBLE = "There are some errors in the code. All variables in this cell should be redefined. Please Debug:\n"
-"""What PyBench says before an error's name and message."""
 
 
 def data_message(task: Task) -> Message:
     """The first user message: where the task's files are, joined by commas as PyBench does."""
-    return Message(role="user", content="[INFO]The data is uploaded to " + ",".join(i.path for i in task.inputs))
+    return Message(role="user", content=data_message_text(i.path for i in task.inputs))
 
 
 def opening_messages(system_prompt: str, task: Task) -> list[Message]:

@@ -6,6 +6,7 @@ without a fence inside. A reply without code ends the session.
 """
 
 import re
+from dataclasses import dataclass
 
 EXECUTE_START = "<|execute_start|>"
 EXECUTE_END = "<|execute_end|>"
@@ -15,21 +16,36 @@ _MARKED = re.compile(re.escape(EXECUTE_START) + r"(.*?)(?:" + re.escape(EXECUTE_
 _BARE_FENCE = re.compile(r"^\s*```[a-zA-Z0-9]*[ \t]*\r?\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
-def extract_code(reply: str) -> str | None:
-    """Return the code of the first cell in a reply, or None when the reply holds no code.
+@dataclass(frozen=True)
+class Cell:
+    """The code of a reply's first cell and where its block (markers and fence included) sits in the reply."""
+
+    code: str
+    start: int
+    end: int
+
+
+def find_cell(reply: str) -> Cell | None:
+    """Return the first cell of a reply, or None when the reply holds no code.
 
     Looks first between execute markers (a fence inside them is unwrapped), then for a python fence.
-    Blank code counts as no code.
+    Blank code counts as no code. Raises nothing.
     """
     marked = _MARKED.search(reply)
     if marked is not None:
         inner = marked.group(1)
         fenced = _FENCE.search(inner) or _BARE_FENCE.search(inner)
-        code = fenced.group(1) if fenced is not None else inner
+        code, span = (fenced.group(1) if fenced is not None else inner), marked.span()
     else:
         fenced = _FENCE.search(reply)
         if fenced is None:
             return None
-        code = fenced.group(1)
+        code, span = fenced.group(1), fenced.span()
     code = code.strip("\n")
-    return code if code.strip() else None
+    return Cell(code, *span) if code.strip() else None
+
+
+def extract_code(reply: str) -> str | None:
+    """Return the code of the first cell in a reply (``find_cell``), or None when the reply holds no code."""
+    cell = find_cell(reply)
+    return cell.code if cell is not None else None

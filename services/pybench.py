@@ -59,10 +59,11 @@ def task_query(messages: Iterable[PyBenchMessage]) -> str | None:
 
 
 def is_interpreter_message(message: PyBenchMessage) -> bool:
-    """Whether a message is a code interpreter message: a user message starting with ``INTERPRETER_PREFIX``
-    (matched without its newline). Raises nothing."""
+    """Whether a message is a code interpreter message: content starting with ``INTERPRETER_PREFIX`` (matched
+    without its newline) in a user message, or in a ``tool`` message (tools mode answers a call with the same
+    text). Raises nothing."""
     role, content = _role_and_content(message)
-    return role == "user" and isinstance(content, str) and content.startswith(_INTERPRETER_MARK)
+    return role in ("user", "tool") and isinstance(content, str) and content.startswith(_INTERPRETER_MARK)
 
 
 def interpreter_output(content: str) -> str:

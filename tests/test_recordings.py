@@ -115,6 +115,7 @@ def test_interpreter_messages_are_matched_without_the_prefix_newline(recordings:
     assert recorded and all(m["content"].startswith(INTERPRETER_PREFIX) for m in recorded)
     assert is_interpreter_message(Message(role="user", content=INTERPRETER_PREFIX + "ok"))
     assert is_interpreter_message({"role": "user", "content": "[INFO]This is a Code Interpreter Message:ok"})
+    assert is_interpreter_message(Message(role="tool", tool_call_id="c1", content=INTERPRETER_PREFIX + "ok"))
     assert not is_interpreter_message({"role": "assistant", "content": INTERPRETER_PREFIX})
     assert not is_interpreter_message({"role": "user", "content": None})
     assert interpreter_output(INTERPRETER_PREFIX + "\nout\n") == "\nout\n"

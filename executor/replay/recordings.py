@@ -1,31 +1,17 @@
 """Recorded trajectories indexed by task query: what the replay model answers with.
 
-A PyBench ``trajectory.jsonl`` holds one JSON object a line: ``messages`` (system, user, assistant, ...) plus
-the task's fields (``index``, ``user`` the query, ...). A task is found by its query: the first user message
-that is not an ``[INFO]`` message.
+The file is read by ``services.recordings`` (PyBench's ``trajectory.jsonl``); a task is found by its query,
+stripped (``services.pybench.task_query``: the first user message that is not an ``[INFO]`` message).
 """
 
-import json
 from pathlib import Path
-from typing import Any
 
-from services.errors import ConfigurationError
-
-INFO_PREFIX = "[INFO]"
-"""User messages the harness writes (data locations, code output) start with this; the query does not."""
-
-
-def task_query(messages: list[dict[str, Any]]) -> str | None:
-    """Return the task's query in a conversation: its first user message that is not an ``[INFO]`` one."""
-    for message in messages:
-        content = message.get("content")
-        if message.get("role") == "user" and isinstance(content, str) and not content.startswith(INFO_PREFIX):
-            return content.strip()
-    return None
+from services.errors import ConfigurationError, SuiteError
+from services.recordings import read_recordings
 
 
 class Recordings:
-    """The recorded assistant messages of each task, by query."""
+    """The recorded assistant messages of each task, by query (stripped)."""
 
     def __init__(self, by_query: dict[str, list[str]], indices: dict[str, int]) -> None:
         self.by_query = by_query
@@ -33,6 +19,9 @@ class Recordings:
 
     def __len__(self) -> int:
         return len(self.by_query)
+
+    def __contains__(self, query: object) -> bool:
+        return isinstance(query, str) and query.strip() in self.by_query
 
     def reply(self, query: str, turn: int) -> str | None:
         """Return the recorded assistant message ``turn`` (from 0) of the task, or None past its end.
@@ -45,32 +34,24 @@ class Recordings:
 
 
 def load_recordings(path: Path) -> Recordings:
-    """Read a PyBench ``trajectory.jsonl``.
+    """Read a PyBench ``trajectory.jsonl``; when two lines have the same query, the last wins.
 
     Raises:
-        ConfigurationError: the file is missing or a line is not a recorded trajectory.
+        ConfigurationError: the file is missing, a line is not a recorded trajectory, or one has no task query.
     """
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise ConfigurationError(
-            f"cannot read recorded trajectories at {path}: {exc}; pass --trajectories PATH to a trajectory.jsonl"
-        ) from exc
+        recorded = read_recordings(path)
+    except SuiteError as exc:
+        raise ConfigurationError(f"{exc} (the replay server reads the file given by --trajectories PATH)") from exc
     by_query: dict[str, list[str]] = {}
     indices: dict[str, int] = {}
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            messages = record["messages"]
-            query = task_query(messages)
-            replies = [str(m["content"]) for m in messages if m["role"] == "assistant"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ConfigurationError(f"{path}, line {number}: not a recorded trajectory ({exc})") from exc
-        if query is None:
-            raise ConfigurationError(f"{path}, line {number}: the trajectory has no task query")
-        by_query[query] = replies
-        if "index" in record:
-            indices[query] = int(record["index"])
+    for number, recording in enumerate(recorded, start=1):
+        if not recording.query:
+            raise ConfigurationError(
+                f"{path}: recording {number} has no task query; give each line a 'user' field or a user message "
+                "that does not start with [INFO]"
+            )
+        by_query[recording.query] = recording.replies
+        if recording.index is not None:
+            indices[recording.query] = recording.index
     return Recordings(by_query, indices)

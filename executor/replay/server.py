@@ -24,7 +24,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from executor.replay.recordings import Recordings, load_recordings, task_query
+from executor.replay.recordings import Recordings, load_recordings
+from services.pybench import task_query
 
 DEFAULT_MODEL_NAME = "pybench-replay"
 """The model name the server lists and answers as."""
@@ -79,7 +80,7 @@ def create_app(recordings_path: Path, model_name: str = DEFAULT_MODEL_NAME) -> F
     def chat_completions(body: ChatRequest) -> dict[str, Any] | JSONResponse:
         messages = [m.model_dump() for m in body.messages]
         query = task_query(messages)
-        if query is None or query not in recordings.by_query:
+        if query is None or query not in recordings:
             return _error(
                 404,
                 "no recorded trajectory has this task's query; replay only the tasks of the trajectory file",

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.client import GatewayClient, GatewayError
+from services.pybench import task_query
 from services.trajectory import Trajectory
 
 from .errors import CommandError, UsageError
@@ -29,14 +30,6 @@ class ExportReport:
     notebooks: list[Path] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
     missing: list[int] = field(default_factory=list)
-
-
-def task_query(trajectory: Trajectory) -> str:
-    """The task's query: its first user message that is not an ``[INFO]`` one (PyBench's ``user`` field)."""
-    for message in trajectory.messages:
-        if message.role == "user" and not message.content.startswith("[INFO]"):
-            return message.content
-    return ""
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -88,7 +81,7 @@ def export(
         fields = {
             "index": str(trajectory.task_index),
             "category1": task.get("category1", ""),
-            "user": task_query(trajectory),
+            "user": task_query(trajectory.messages) or "",  # as written: PyBench's ``user`` keeps its spaces
         }
         lines.append(json.dumps(trajectory.pybench_record(fields), ensure_ascii=False))
         report.trajectories.append(trajectory.task_index)

@@ -1,37 +1,27 @@
 """A task's trajectory as a Jupyter notebook: the conversation as markdown, the code the assistant ran as code
 cells, and what the interpreter answered as their outputs (text, errors, images).
 
-Each assistant message is paired with its turn (the i-th assistant message is the i-th turn): the turn's
-code and execution are used when the trajectory has them; otherwise the code is the reply's first
-```` ```python ```` fence and its output is the interpreter message that follows.
+Each assistant message is paired with its turn (the i-th assistant message is the i-th turn). The code of a
+reply is its first cell as the agent loop reads it (``services.extraction``); in tools mode, where the code
+came in an ``execute_python`` call, it is the turn's code. The output is the turn's execution when the
+trajectory has it, else the code interpreter message that follows (``services.pybench``).
 """
 
 import importlib
-import re
 from typing import Any
 
+from services.extraction import find_cell
+from services.pybench import interpreter_output, is_interpreter_message
 from services.trajectory import Execution, Message, Trajectory, Turn
-
-INTERPRETER_PREFIX = "[INFO]This is a Code Interpreter Message:"
-"""How PyBench's code interpreter messages (the results of a cell, sent as user messages) begin."""
-
-_PYTHON_FENCE = re.compile(
-    r"(?:<\|execute_start\|>\s*)?```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)(?:```|\Z)(?:\s*<\|execute_end\|>)?",
-    re.DOTALL | re.IGNORECASE,
-)
-_MARKED = re.compile(r"<\|execute_start\|>(.*?)(?:<\|execute_end\|>|\Z)", re.DOTALL)
 
 
 def split_reply(reply: str) -> tuple[str, str | None]:
-    """The reply's prose (without its code block) and the code of its first cell, or None without code."""
-    found = _PYTHON_FENCE.search(reply) or _MARKED.search(reply)
-    if found is None:
+    """The reply's prose (without its first cell's block) and the code of that cell (``extract_code``'s), or
+    None without code."""
+    cell = find_cell(reply)
+    if cell is None:
         return reply.strip(), None
-    code = found.group(1).strip("\n")
-    if code.lstrip().startswith("```"):  # a bare fence inside execute markers
-        code = code.lstrip().split("\n", 1)[-1].rsplit("```", 1)[0].strip("\n")
-    prose = (reply[: found.start()] + reply[found.end() :]).strip()
-    return prose, code if code.strip() else None
+    return (reply[: cell.start] + reply[cell.end :]).strip(), cell.code
 
 
 def _execution_outputs(nbformat: Any, execution: Execution) -> list[Any]:
@@ -59,9 +49,9 @@ def _execution_outputs(nbformat: Any, execution: Execution) -> list[Any]:
 
 
 def _message_outputs(nbformat: Any, message: Message | None) -> list[Any]:
-    if message is None or not message.content.startswith(INTERPRETER_PREFIX):
+    if message is None or not is_interpreter_message(message):
         return []
-    text = message.content.removeprefix(INTERPRETER_PREFIX).lstrip("\n")
+    text = interpreter_output(message.content).lstrip("\n")
     return [nbformat.v4.new_output("stream", name="stdout", text=text)] if text else []
 
 
@@ -92,14 +82,14 @@ def build_notebook(trajectory: Trajectory, category: str | None = None) -> Any:
         if message.role == "system":
             system = message.content
             continue
-        if message.role == "user":
-            label = "Interpreter" if message.content.startswith(INTERPRETER_PREFIX) else "User"
+        if message.role in ("user", "tool"):  # a tool message not shown as a cell's output: a call not run
+            label = "Interpreter" if is_interpreter_message(message) else message.role.capitalize()
             cells.append(new_markdown(f"**{label}:**\n\n{message.content}"))
             continue
         turn = turns[assistant_turns] if assistant_turns < len(turns) else None
         assistant_turns += 1
         prose, code = split_reply(message.content)
-        if turn is not None and turn.code is not None:
+        if message.tool_calls and turn is not None and turn.code is not None:  # tools mode: the call's code
             code = turn.code
         title = f"**Assistant** (turn {assistant_turns})"
         cells.append(new_markdown(f"{title}:\n\n{prose}" if prose else title))
@@ -110,7 +100,7 @@ def build_notebook(trajectory: Trajectory, category: str | None = None) -> Any:
             outputs = _execution_outputs(nbformat, turn.execution)
         else:
             outputs = _message_outputs(nbformat, following)
-        if following is not None and following.content.startswith(INTERPRETER_PREFIX):
+        if following is not None and is_interpreter_message(following):
             skip.add(position + 1)
         count += 1
         cells.append(new_code(code, execution_count=count, outputs=outputs))
