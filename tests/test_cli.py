@@ -21,14 +21,16 @@ from gateway.app import create_app
 from gateway.cli import main
 from gateway.cli.commands import parse_tasks
 from gateway.cli.errors import UsageError
-from gateway.cli.notebook import split_reply
+from gateway.cli.notebook import build_notebook, split_reply
 from gateway.cli.printer import Printer, shorten
 from gateway.cli.report import REASON_WIDTH
 from gateway.cli.watch import watch
 from gateway.client import GatewayClient, GatewayError, GatewayUnreachableError
 from services.apikeys import ApiKeyStore
+from services.extraction import extract_code
 from services.lifecycle import TaskLifecycle
 from services.queues import SessionJob
+from services.recordings import read_recordings
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.trajectory import EndReason, Execution, Message, Trajectory, Turn
@@ -536,6 +538,47 @@ def test_export_writes_results_a_pybench_trajectory_file_notebooks_and_saved_fil
 )
 def test_a_reply_splits_into_prose_and_the_code_of_its_first_cell(reply: str, prose: str, code: str | None) -> None:
     assert split_reply(reply) == (prose, code)
+
+
+AWKWARD_REPLY = (
+    "Draft:\n```python\nprint('draft')\n```\nRun this instead:\n"
+    "<|execute_start|>\n```\nprint('run')\n```\n<|execute_end|>\nthen check."
+)
+"""A python fence before an execute-marked bare fence: the agent loop runs the marked cell, not the draft."""
+
+
+def test_the_notebook_shows_the_code_the_agent_loop_extracts(suite_path: Path) -> None:
+    recorded = {r.index: r for r in read_recordings(suite_path / "trajectory.jsonl")}
+    trajectories = [
+        Trajectory(
+            evaluation_id="e1",
+            task_index=index,
+            attempt=1,
+            messages=[Message.model_validate(m) for m in recorded[index].messages],
+            end_reason=EndReason.NO_CODE,
+        )
+        for index in (7, 44, 77, 126)  # 126's first reply holds two python fences
+    ]
+    trajectories.append(
+        Trajectory(
+            evaluation_id="e1",
+            task_index=1,
+            attempt=1,
+            messages=[*_opening("q"), Message(role="assistant", content=AWKWARD_REPLY)],
+            end_reason=EndReason.MAX_TURNS,
+        )
+    )
+    for trajectory in trajectories:
+        notebook = build_notebook(trajectory)
+        nbformat.validate(notebook)
+        replies = [m.content for m in trajectory.messages if m.role == "assistant"]
+        expected = [code for code in map(extract_code, replies) if code is not None]
+        assert expected and [c.source for c in notebook.cells if c.cell_type == "code"] == expected
+    assert recorded[126].replies[0].count("```python") == 2
+    assert split_reply(AWKWARD_REPLY) == (
+        "Draft:\n```python\nprint('draft')\n```\nRun this instead:\n\nthen check.",
+        "print('run')",
+    )
 
 
 def test_no_output_ever_shows_the_api_key(
