@@ -1,23 +1,42 @@
-"""The error tree of pybench-eval.
+"""The error tree of pybench-eval: every error class the services raise, wherever it is defined.
 
 Library errors (docker, redis, httpx, websocket) are translated at the boundary into the most specific of
-these, raised ``from`` the original::
+these, raised ``from`` the original. A class defined in another module names it on the right; the others
+are defined here::
 
     PybenchEvalError
-    ├── ConfigurationError        a setting or a deployment piece is missing or wrong
-    ├── SuiteError                a suite cannot be read
-    │   └── TaskNotFoundError     a task index that the suite does not have
-    ├── SandboxError              the sandbox misbehaved
-    │   ├── SandboxStartError     a sandbox could not be started or did not become ready
-    │   └── SandboxUnavailableError  the sandbox is gone (killed, removed, kernel dead)
-    ├── ModelEndpointError        the model endpoint failed
-    │   ├── ModelUnreachableError     no answer (connection refused, DNS, timeout)
-    │   └── ModelResponseError        an answer that is not a usable chat completion
-    │       ├── ModelContextLengthError   the conversation no longer fits the model's context
-    │       └── ModelRequestRejectedError the endpoint refused the request (4xx other than 408/429): the user's
-    │                                     to fix (unknown model, wrong key, a task it cannot serve), never retried
-    └── StoreError                the artifact store cannot be read or written
-        └── ArtifactNotFoundError an artifact that is not there
+    ├── ConfigurationError                 a setting or deployment piece is missing or wrong
+    ├── SuiteError                         a suite cannot be read
+    │   └── TaskNotFoundError              a task index that the suite does not have
+    ├── EvaluationNotFoundError            no evaluation by that id (or not the caller's)      services.state
+    ├── SandboxError                       the sandbox failed, or a path not under /workspace
+    │   ├── SandboxStartError              a sandbox did not start or become ready
+    │   └── SandboxUnavailableError        the sandbox is gone (removed, kernel dead)
+    ├── ModelEndpointError                 the model endpoint failed
+    │   ├── ModelUnreachableError          no answer (connection refused, DNS, timeout)
+    │   └── ModelResponseError             an answer that is not a usable chat completion
+    │       ├── ModelContextLengthError    the conversation outgrew the model's context
+    │       └── ModelRequestRejectedError  a 4xx other than 408/429 (unknown model, wrong
+    │                                      key): the user's to fix, never retried
+    ├── StoreError                         the artifact store cannot be read or written
+    │   └── ArtifactNotFoundError          an artifact that is not there
+    ├── GatewayError                       the gateway answered an error (status, detail)      gateway.client
+    ├── GatewayUnreachableError            the gateway could not be reached in time            gateway.client
+    └── CommandError                       a CLI command cannot go on (exit status 1)          gateway.cli.errors
+        ├── UsageError                     the command line is wrong (exit status 2)           gateway.cli.errors
+        └── PreflightError                 an endpoint failed its check before submitting      gateway.cli.errors
+
+Outside the tree, on purpose: bad values (caught as ``ValueError`` where they are checked), and errors that
+never leave the module that raises them::
+
+    ValueError                             a bad value, caught where it is checked
+    ├── EgressRefusedError                 a URL or its host may not be reached                services.netguard
+    │   └── UnresolvableHostError          the host does not resolve, so it cannot be checked  services.netguard
+    └── CheckParameterError                a check's parameters do not fit its kind            grader.checks
+    Exception
+    ├── Problem                            an API error, answered as a problem document        gateway.problems
+    ├── CheckFailed, MalformedCheck        a file check's outcome, in the grading sandbox      grader.file_checks
+    └── _TooLarge                          output too large; becomes SandboxUnavailableError   executor.sandboxes.local
 
 Each message says what to do next.
 """
