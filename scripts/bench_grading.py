@@ -29,6 +29,7 @@ from grader.check_sandbox import run_file_checks  # noqa: E402
 from grader.checks import runs_in_process  # noqa: E402
 from grader.grading import grade  # noqa: E402
 from grader.variants import Grading, checks_for  # noqa: E402
+from services.recordings import read_recordings  # noqa: E402
 from services.sandbox import DEFAULT_SANDBOX_IMAGE  # noqa: E402
 from services.suite import Suite, load_suite  # noqa: E402
 from services.task import Task  # noqa: E402
@@ -40,13 +41,13 @@ TARGET_S = 30.0
 
 
 def recordings(suite: Suite) -> dict[int, list[Message]]:
+    """The recorded messages of each task (the first line of a task wins); none without a ``trajectory.jsonl``."""
     path = suite.root / "trajectory.jsonl"
     found: dict[int, list[Message]] = {}
     if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            messages = [Message(role=m["role"], content=m["content"] or "") for m in record["messages"]]
-            found.setdefault(int(record["index"]), messages)
+        for recording in read_recordings(path):
+            if recording.index is not None:
+                found.setdefault(recording.index, [Message.model_validate(m) for m in recording.messages])
     return found
 
 

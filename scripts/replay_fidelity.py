@@ -33,19 +33,19 @@ import docker.client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from executor.messages import INTERPRETER_PREFIX  # noqa: E402
 from executor.model import ModelClient  # noqa: E402
 from executor.replay.server import create_app  # noqa: E402
 from executor.sandboxes.docker import DockerSandboxBackend  # noqa: E402
 from executor.session import run_task_session  # noqa: E402
 from executor.settings import ExecutorSettings  # noqa: E402
 from services.evaluation import Evaluation, ModelEndpoint, Sampling  # noqa: E402
+from services.pybench import ERROR_PREAMBLE, interpreter_output, is_interpreter_message  # noqa: E402
+from services.recordings import read_recordings  # noqa: E402
 from services.sandbox import DEFAULT_SANDBOX_IMAGE, ROLE_LABEL  # noqa: E402
 from services.suite import Suite, load_suite  # noqa: E402
 from tests.servers import serve  # noqa: E402
 
 NETWORK = "pbe-fidelity-sandboxes"
-ERROR_MARK = "There are some errors in the code"
 
 _NORMALISE = [
     (re.compile(r"\x1b\[[0-9;]*[A-Za-z]"), ""),  # ANSI colours
@@ -61,7 +61,7 @@ _NORMALISE = [
 
 
 def normalise(text: str) -> str:
-    text = text.removeprefix(INTERPRETER_PREFIX)
+    text = interpreter_output(text)
     for pattern, replacement in _NORMALISE:
         text = pattern.sub(replacement, text)
     return text.strip()
@@ -69,12 +69,11 @@ def normalise(text: str) -> str:
 
 def interpreter_outputs(messages: list[dict[str, Any]]) -> list[str]:
     """The code interpreter's messages of a trajectory, in order."""
-    texts = [m["content"] or "" for m in messages if m["role"] == "user"]
-    return [text for text in texts if text.startswith(INTERPRETER_PREFIX.rstrip("\n"))]
+    return [m["content"] for m in messages if is_interpreter_message(m)]
 
 
 def cause(recorded: str, replayed: str) -> str:
-    recorded_error, replayed_error = ERROR_MARK in recorded, ERROR_MARK in replayed
+    recorded_error, replayed_error = ERROR_PREAMBLE in recorded, ERROR_PREAMBLE in replayed
     if recorded_error and not replayed_error:
         return "recording_env_error"
     if replayed_error and not recorded_error:
@@ -115,7 +114,7 @@ def replay_task(suite: Suite, index: int, url: str, recorded: list[dict[str, Any
             causes["diverged"] += 1
             continue
         same = normalise(ours[position]) == normalise(theirs[position])
-        if ERROR_MARK not in theirs[position]:
+        if ERROR_PREAMBLE not in theirs[position]:
             recorded_ok += 1
             recorded_ok_matched += same
         if same:
@@ -142,10 +141,10 @@ def main() -> int:
     parser.add_argument("--image", default=DEFAULT_SANDBOX_IMAGE)
     args = parser.parse_args()
     suite = load_suite(args.suite)
-    recordings: dict[int, list[dict[str, Any]]] = {}
-    for line in (args.suite / "trajectory.jsonl").read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
-        recordings.setdefault(int(record["index"]), record["messages"])
+    recordings: dict[int, list[dict[str, str]]] = {}
+    for recording in read_recordings(args.suite / "trajectory.jsonl"):
+        if recording.index is not None:
+            recordings.setdefault(recording.index, recording.messages)
     wanted = [int(t) for t in args.tasks.split(",") if t.strip()] or sorted(recordings)
     runnable = [i for i in wanted if i in recordings and i in suite.tasks and suite.task(i).available]
     skipped = [i for i in wanted if i not in runnable]
