@@ -1,9 +1,12 @@
 """A client for one kernel behind a Jupyter Kernel Gateway: start it, run cells, interrupt, shut down.
 
-Cells run over the gateway's websocket (``/api/kernels/<id>/channels``, the JSON form of the Jupyter
-messaging protocol) with TCP_NODELAY on the client side too, so a round trip costs the code's own time plus
-a few milliseconds. Errors: an unreachable gateway or a dead kernel raises ``SandboxUnavailableError``; a cell
-that runs past its timeout is interrupted and comes back as an ``Execution`` with ``timed_out``.
+Cells run over the gateway's websocket (``/api/kernels/<id>/channels``) in Jupyter Server's binary
+``v1.kernel.websocket.jupyter.org`` protocol (``executor.wire``): the client asks for that subprotocol, and
+only a server that does not agree to it gets the legacy JSON text frames. TCP_NODELAY is set on the client
+side too, so a round trip costs the code's own time plus a few milliseconds.
+
+Errors: an unreachable gateway, a dead kernel or closed channels raise ``SandboxUnavailableError``; a cell that
+runs past its timeout is interrupted and comes back as an ``Execution`` with ``timed_out``.
 """
 
 import contextlib
@@ -105,7 +108,7 @@ class KernelClient:
                 ws_url,
                 header=[f"Authorization: token {self._token}"],
                 subprotocols=[V1_SUBPROTOCOL],
-                skip_utf8_validation=True,  # json.loads validates; websocket-client's own check is pure Python
+                skip_utf8_validation=True,  # text frames: json.loads validates; websocket-client's check is slow
                 timeout=DEFAULT_HTTP_TIMEOUT_S,
                 sockopt=((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),),
                 enable_multithread=False,

@@ -1,7 +1,9 @@
 """The queue contract: queue names, job function paths, deterministic job ids and job payloads.
 
 The gateway enqueues a dotted path with a JSON payload and never imports executor or grader code. Job
-payloads carry ids only: never an API key (the key stays in the secret store, see ``services.secrets``).
+payloads carry ids only: never an API key (the key stays in the secret store of ``services.state``).
+Jobs are JSON on the wire (``rq.serializers.JSONSerializer``), never pickle: workers start with ``--serializer
+rq.serializers.JSONSerializer`` (see ``docker-compose.yml``).
 """
 
 from typing import Any
@@ -20,9 +22,6 @@ RUN_SESSION_JOB = "executor.jobs.run_session"
 
 GRADE_SESSION_JOB = "grader.jobs.grade_session"
 """Dotted path of the grader's job function."""
-
-JOB_SERIALIZER = "rq.serializers.JSONSerializer"
-"""Jobs are JSON on the wire, never pickle: workers start with ``--serializer`` set to this path."""
 
 DEFAULT_SESSION_JOB_TIMEOUT_S = 3600
 """RQ's hard limit for one task session (ten turns of model calls and cells, with room to spare)."""
