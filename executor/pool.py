@@ -31,8 +31,8 @@ PREWARM_IMPORTS = ("numpy", "pandas", "matplotlib", "matplotlib.pyplot")
 """Modules a warm kernel imports before any task: the first cells of most PyBench tasks need them."""
 
 PREWARM_TIMEOUT_S = 60.0
-"""How long a warm kernel may take to import ``PREWARM_IMPORTS``; ``take`` and ``close`` wait this much longer
-than the spec's ready timeout for a start under way."""
+"""How long a warm kernel may take to import ``PREWARM_IMPORTS``. A start under way is waited for up to the
+spec's ready timeout plus this by ``take``, and up to this by ``close``."""
 
 
 def prewarm_code(modules: tuple[str, ...] = PREWARM_IMPORTS) -> str:
