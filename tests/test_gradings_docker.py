@@ -5,7 +5,6 @@ Each session is a recorded trajectory of the suite's ``trajectory.jsonl`` with t
 produces, made by a script in a container of the sandbox image from the suite's own inputs.
 """
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 from grader import session_files
 from grader.check_sandbox import run_file_checks
 from grader.grading import grade
+from services.recordings import recording_of
 from services.sandbox import DEFAULT_SANDBOX_IMAGE
 from services.suite import Suite, load_suite
 from services.trajectory import EndReason, Message, Trajectory
@@ -77,19 +77,14 @@ def outputs(suite_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 def recorded(suite_path: Path, index: int) -> Trajectory:
     """The suite's recorded trajectory of task ``index`` as a finished session."""
-    with (suite_path / "trajectory.jsonl").open(encoding="utf-8") as lines:
-        for line in lines:
-            record = json.loads(line)
-            if int(record["index"]) == index:
-                messages = [Message(role=m["role"], content=m["content"] or "") for m in record["messages"]]
-                return Trajectory(
-                    evaluation_id="gradings",
-                    task_index=index,
-                    attempt=1,
-                    messages=messages,
-                    end_reason=EndReason.NO_CODE,
-                )
-    raise AssertionError(f"task {index} is not recorded")
+    recording = recording_of(suite_path / "trajectory.jsonl", index)
+    return Trajectory(
+        evaluation_id="gradings",
+        task_index=index,
+        attempt=1,
+        messages=[Message.model_validate(m) for m in recording.messages],
+        end_reason=EndReason.NO_CODE,
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,6 @@
 """One task session end to end through the executor's job: real Redis, a real sandbox container, the real
 replay model server on loopback."""
 
-import json
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from executor.settings import ExecutorSettings
 from services.evaluation import Evaluation, ModelEndpoint, Sampling, TaskState
 from services.lifecycle import TaskLifecycle
 from services.queues import GRADING_QUEUE, GradeJob, SessionJob, grade_job_id
+from services.recordings import recording_of
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import load_suite
@@ -35,15 +35,6 @@ pytestmark = pytest.mark.docker
 def replay_url(suite_path: Path) -> Iterator[str]:
     with serve(create_app(suite_path / "trajectory.jsonl")) as url:
         yield url + "/v1"
-
-
-def recorded(suite_path: Path, index: int) -> list[dict[str, str]]:
-    for line in (suite_path / "trajectory.jsonl").read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
-        if int(record["index"]) == index:
-            messages: list[dict[str, str]] = record["messages"]
-            return messages
-    raise AssertionError(f"task {index} has no recorded trajectory")
 
 
 RunSession = Callable[..., tuple[dict[str, object], Evaluation]]
@@ -96,7 +87,7 @@ def test_a_recorded_session_replays_through_a_sandbox_of_its_own(
     suite = load_suite(suite_path)
     opening = opening_messages(suite.system_prompt("gpt"), suite.task(44))
     assert trajectory.messages[: len(opening)] == opening
-    expected = [m["content"] for m in recorded(suite_path, 44) if m["role"] == "assistant"]
+    expected = recording_of(suite_path / "trajectory.jsonl", 44).replies
     assert [m.content for m in trajectory.messages if m.role == "assistant"] == expected
     for message in trajectory.messages[len(opening) :]:
         assert message.role == "assistant" or message.content.startswith(INTERPRETER_PREFIX)
