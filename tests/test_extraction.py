@@ -1,11 +1,11 @@
 """Code extraction as PyBench does it."""
 
-import json
 from pathlib import Path
 
 import pytest
 
-from services.extraction import extract_code
+from services.extraction import extract_code, find_cell
+from services.recordings import read_recordings
 
 
 @pytest.mark.parametrize(
@@ -19,18 +19,24 @@ from services.extraction import extract_code
         ("Finished: the answer is 42", None),
         ("```python\n   \n```", None),
         ("```bash\nls\n```", None),
+        ("```python\ndraft()\n```\n<|execute_start|>\n```\nrun()\n```\n<|execute_end|>", "run()"),
     ],
 )
 def test_extraction_rules(reply: str, code: str | None) -> None:
     assert extract_code(reply) == code
+    cell = find_cell(reply)
+    assert (cell.code if cell is not None else None) == code
+    if cell is not None:  # the span is the whole block, markers or fence included
+        block = reply[cell.start : cell.end]
+        assert cell.code in block and block.startswith(("```", "<|execute_start|>"))
 
 
 def test_every_recorded_reply_with_a_python_fence_yields_code(suite_path: Path) -> None:
     replies = [
-        m["content"]
-        for line in (suite_path / "trajectory.jsonl").read_text(encoding="utf-8").splitlines()
-        for m in json.loads(line)["messages"]
-        if m["role"] == "assistant" and "```python" in m["content"]
+        reply
+        for recording in read_recordings(suite_path / "trajectory.jsonl")
+        for reply in recording.replies
+        if "```python" in reply
     ]
     assert len(replies) > 300
     assert all(extract_code(reply) for reply in replies)

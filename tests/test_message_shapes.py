@@ -1,29 +1,30 @@
 """The harness's messages have exactly the shapes of PyBench's recorded trajectories."""
 
-import json
 import re
 from pathlib import Path
 
-from executor.messages import INTERPRETER_PREFIX, interpreter_message, opening_messages, output_text
+from executor.messages import interpreter_message, opening_messages, output_text
 from executor.output import CellOutput
+from services.pybench import INTERPRETER_PREFIX
+from services.recordings import RecordedTrajectory, read_recordings
 from services.suite import load_suite
 from services.trajectory import Execution
 
 
-def records(suite_path: Path) -> list[dict[str, object]]:
-    lines = (suite_path / "trajectory.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines]
+def recordings(suite_path: Path) -> list[RecordedTrajectory]:
+    return read_recordings(suite_path / "trajectory.jsonl")
 
 
 def test_opening_messages_match_every_recording(suite_path: Path) -> None:
     suite = load_suite(suite_path)
     prompt = suite.system_prompt("gpt")
     checked = 0
-    for record in records(suite_path):
-        messages: list[dict[str, str]] = record["messages"]  # type: ignore[assignment]
+    for recording in recordings(suite_path):
+        messages: list[dict[str, str]] = recording.record["messages"]  # as recorded, not as the reader reduces them
         first_assistant = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
-        ours = [m.model_dump() for m in opening_messages(prompt, suite.task(int(str(record["index"]))))]
-        assert ours == messages[:first_assistant], record["index"]
+        assert recording.index is not None
+        ours = [m.model_dump() for m in opening_messages(prompt, suite.task(recording.index))]
+        assert ours == messages[:first_assistant], recording.index
         checked += 1
     assert checked == 135
 
@@ -31,8 +32,8 @@ def test_opening_messages_match_every_recording(suite_path: Path) -> None:
 def test_interpreter_replies_and_errors_have_the_recorded_shape(suite_path: Path) -> None:
     replies = [
         m["content"]
-        for record in records(suite_path)
-        for m in record["messages"]  # type: ignore[attr-defined]
+        for recording in recordings(suite_path)
+        for m in recording.messages
         if m["role"] == "user" and m["content"].startswith("[INFO]This is a Code Interpreter")
     ]
     assert replies and all(reply.startswith(INTERPRETER_PREFIX) for reply in replies)

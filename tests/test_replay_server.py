@@ -1,6 +1,5 @@
 """The replay model: a real server on loopback answering with recorded assistant messages."""
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,17 +11,14 @@ from executor.replay.recordings import load_recordings
 from executor.replay.server import END_OF_RECORDING, create_app
 from services.errors import ConfigurationError, ModelResponseError
 from services.extraction import extract_code
+from services.recordings import recording_of
 from services.trajectory import Message
 from tests.servers import serve
 
 
 @pytest.fixture(scope="module")
 def record(suite_path: Path) -> dict[str, object]:
-    for line in (suite_path / "trajectory.jsonl").read_text(encoding="utf-8").splitlines():
-        record: dict[str, object] = json.loads(line)
-        if int(str(record["index"])) == 44:
-            return record
-    raise AssertionError("task 44 is not recorded")
+    return recording_of(suite_path / "trajectory.jsonl", 44).record
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +81,13 @@ def test_a_missing_or_broken_recording_file_says_what_to_pass(tmp_path: Path) ->
     (tmp_path / "bad.jsonl").write_text('{"messages": 3}\n')
     with pytest.raises(ConfigurationError, match="line 1"):
         load_recordings(tmp_path / "bad.jsonl")
+    (tmp_path / "no-query.jsonl").write_text('{"messages": [{"role": "user", "content": "[INFO]data"}]}\n')
+    with pytest.raises(ConfigurationError, match="no task query"):
+        load_recordings(tmp_path / "no-query.jsonl")
+
+
+def test_a_query_is_matched_without_its_surrounding_spaces(url: str, suite_path: Path) -> None:
+    recording = recording_of(suite_path / "trajectory.jsonl", 140)
+    assert recording.record["user"] != recording.query  # PyBench's query ends with a space
+    reply = httpx.post(f"{url}/v1/chat/completions", json={"messages": recording.messages[:3]}).json()
+    assert reply["choices"][0]["message"]["content"] == recording.replies[0]
