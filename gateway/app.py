@@ -12,6 +12,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from gateway import openapi, reconcile
+from gateway.bodylimit import BodySizeLimit
 from gateway.problems import install_problem_handlers, problem_response
 from gateway.routers import evaluations, leaderboard, suites
 from gateway.settings import GatewaySettings
@@ -35,7 +36,7 @@ def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = 
         stop = threading.Event()
         if settings.RECONCILE_INTERVAL_S > 0:
             store = ArtifactStore(settings.ARTIFACT_ROOT)
-            reconcile.run_periodically(redis, store, suite, settings.RECONCILE_INTERVAL_S, stop)
+            app.state.reconciler = reconcile.run_periodically(redis, store, suite, settings.RECONCILE_INTERVAL_S, stop)
         yield
         stop.set()
 
@@ -49,11 +50,15 @@ def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = 
     app.state.settings = settings
     app.state.redis = redis
     app.state.egress_resolver = resolver
+    app.state.reconciler = None
     openapi.install(app, suite)
     install_problem_handlers(app)
     app.include_router(evaluations.router)
     app.include_router(suites.router)
     app.include_router(leaderboard.router)
+
+    # Innermost (added first): an HTTPException raised from ``receive`` reaches the route's body reading as is.
+    app.add_middleware(BodySizeLimit, max_bytes=settings.MAX_BODY_BYTES)
 
     @app.middleware("http")
     async def _limit_body(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
@@ -64,6 +69,10 @@ def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = 
                 "Request too large",
                 f"the body may be at most {settings.MAX_BODY_BYTES} bytes",
                 request.url.path,
+            )
+        if "\x00" in request.url.path or "%00" in request.url.path:
+            return problem_response(
+                400, "Bad path", "the path holds a NUL byte; no name here has one", request.url.path.replace("\x00", "")
             )
         try:
             return await call_next(request)
@@ -76,8 +85,13 @@ def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = 
             )
 
     @app.get("/health", operation_id="health", tags=["health"])
-    def health() -> dict[str, str]:
+    def health(response: Response) -> dict[str, str]:
+        """``ok`` when Redis answers and the reconciler (when on) is alive; 503 ``degraded`` saying which not."""
         app.state.redis.ping()
+        thread = app.state.reconciler
+        if thread is not None and not thread.is_alive():
+            response.status_code = 503
+            return {"status": "degraded", "reconciler": "dead: restart the gateway"}
         return {"status": "ok"}
 
     return app

@@ -150,6 +150,8 @@ def run_periodically(
                         )
             except (RedisError, OSError) as exc:
                 log.warning("reconciler: pass skipped (%s: %s); next in %.0f s", type(exc).__name__, exc, interval_s)
+            except Exception:  # the thread must outlive any one pass; /health reports it if it dies anyway
+                log.exception("reconciler: pass failed; next in %.0f s", interval_s)
 
     thread = threading.Thread(target=loop, name="pbe-reconciler", daemon=True)
     thread.start()

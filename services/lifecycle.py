@@ -20,10 +20,13 @@ attempt, up to ``MAX_ATTEMPTS``; a cause only the user can fix (a lost key, a 4x
 recorded at once, with a reason that says what to do.
 
 Keys (prefix ``pbe:evaluation:<id>``, see ``services.state``): ``:tasks`` (index -> state), ``:attempts``
-(index -> attempt), ``:verdicts`` (index -> the latest attempt's verdict), ``:cancelled``.
+(index -> attempt), ``:verdicts`` (index -> the latest attempt's verdict), ``:cancelled``. An evaluation whose
+tasks are all finished has its API keys dropped from the secret store (they are not kept at rest any longer than
+a session or the judge needs them).
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 from redis import Redis
 
@@ -90,7 +93,7 @@ class TaskLifecycle:
     ) -> None:
         """Record a new evaluation in one transaction: its runnable tasks ``queued``, its unavailable ones with
         their ``unavailable`` verdicts, its keys in the secret store. Nothing is enqueued (``queue_sessions``)."""
-        states = {str(t): TaskState.QUEUED.value for t in evaluation.tasks}
+        states: dict[Any, Any] = {str(t): TaskState.QUEUED.value for t in evaluation.tasks}
         states.update({str(t): TaskState.UNAVAILABLE.value for t in evaluation.unavailable_tasks})
         unavailable = [unavailable_verdict(evaluation.id, suite, t) for t in evaluation.unavailable_tasks]
         created = evaluation.created_at.timestamp()
@@ -98,7 +101,7 @@ class TaskLifecycle:
         if unavailable:
             pipe.hset(evaluation_key(evaluation.id, "verdicts"), mapping=_verdict_mapping(unavailable))
         pipe.set(evaluation_key(evaluation.id), evaluation.model_dump_json())
-        pipe.hset(evaluation_key(evaluation.id, "tasks"), mapping=states)  # type: ignore[arg-type]
+        pipe.hset(evaluation_key(evaluation.id, "tasks"), mapping=states)
         pipe.zadd("pbe:evaluations", {evaluation.id: created})
         pipe.zadd(f"pbe:owner:{evaluation.owner}:evaluations", {evaluation.id: created})
         hold_keys(pipe, evaluation.id, api_key, judge_api_key)
@@ -121,6 +124,7 @@ class TaskLifecycle:
             self._set_states(evaluation_id, dict.fromkeys(queued, TaskState.CANCELLED))
         for index in queued:
             cancel_job(self.redis, session_job_id(self._session(evaluation_id, index)))
+        self._close_if_complete(evaluation_id)
         return queued
 
     def restore(self, evaluation: Evaluation, suite: Suite, stored: dict[int, Verdict]) -> None:
@@ -154,6 +158,7 @@ class TaskLifecycle:
         grading is enqueued; a session stopped by a cancellation goes to ``cancelled`` instead (not graded)."""
         if cancelled:
             self._set_states(job.evaluation_id, {job.task_index: TaskState.CANCELLED})
+            self._close_if_complete(job.evaluation_id)
             return
         self._set_states(job.evaluation_id, {job.task_index: TaskState.GRADING})
         enqueue_grading(
@@ -169,7 +174,7 @@ class TaskLifecycle:
         if should_retry(verdict):
             return Recorded(retried_as=self.retry(verdict.evaluation_id, verdict.task_index), complete=False)
         self._put_verdict(verdict)
-        return Recorded(retried_as=None, complete=self.state.complete(verdict.evaluation_id))
+        return Recorded(retried_as=None, complete=self._close_if_complete(verdict.evaluation_id))
 
     def retry(self, evaluation_id: str, task_index: int) -> int:
         """Run a task again as its next attempt: its verdict dropped, its state ``queued``, its session enqueued.
@@ -194,6 +199,14 @@ class TaskLifecycle:
         drop_job(self.redis, grade_job_id(job))
         enqueue_grading(self.redis, job)
 
+    def _close_if_complete(self, evaluation_id: str) -> bool:
+        """When every task is finished, forget the evaluation's API keys (no session or judge needs them any
+        more; a later retry stops with ``key_lost`` until they are sent again). Returns whether it was complete."""
+        complete = self.state.complete(evaluation_id)
+        if complete:
+            self.state.drop_keys(evaluation_id)
+        return complete
+
     # --- the writes ---------------------------------------------------------------------------------------------
 
     def _session(self, evaluation_id: str, task_index: int) -> SessionJob:
@@ -206,7 +219,7 @@ class TaskLifecycle:
     def _set_states(self, evaluation_id: str, states: dict[int, TaskState]) -> None:
         self.redis.hset(
             evaluation_key(evaluation_id, "tasks"),
-            mapping={str(i): s.value for i, s in states.items()},  # type: ignore[arg-type]
+            mapping={str(i): s.value for i, s in states.items()},
         )
 
     def _set_attempt(self, evaluation_id: str, task_index: int, attempt: int) -> None:
@@ -220,5 +233,5 @@ class TaskLifecycle:
         pipe.execute()
 
 
-def _verdict_mapping(verdicts: list[Verdict]) -> dict[str, str]:
+def _verdict_mapping(verdicts: list[Verdict]) -> dict[Any, Any]:
     return {str(v.task_index): v.model_dump_json() for v in verdicts}

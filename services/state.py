@@ -62,6 +62,10 @@ class StateStore:
         hold_keys(pipe, evaluation_id, api_key, judge_api_key)
         pipe.execute()
 
+    def drop_keys(self, evaluation_id: str) -> None:
+        """Forget the evaluation's model and judge keys (it reached a final state; a retry asks for them again)."""
+        self.redis.delete(f"pbe:secret:model-key:{evaluation_id}", f"pbe:secret:judge-key:{evaluation_id}")
+
     def model_key(self, evaluation_id: str) -> str | None:
         """Return the evaluation's model API key, or None when it has none."""
         raw = self.redis.get(f"pbe:secret:model-key:{evaluation_id}")

@@ -129,7 +129,9 @@ def test_an_evaluation_with_a_judge_gets_each_session_judged_with_the_key_from_t
     assert metrics["llm"]["pass_rate"] == 0.5  # the unparseable judgment stays in the denominator
     # Task 134 (tests fail, judge passes) and task 44 (tests pass, judge could not say) disagree.
     assert metrics["llm"]["agreement"]["all"]["disagreeing"] == [44, 134]
+    assert state.judge_key(evaluation.id) is None  # every task finished: the key is not kept at rest
     # Without the operator's allowlist, the loopback judge is refused before any connection: an error outcome.
+    state.set_keys(evaluation.id, None, canary)  # as PUT .../keys does before a retry
     before = len(server.requests)
     grade_and_record(
         GradeJob(evaluation_id=evaluation.id, task_index=134), redis=redis_client, suite=suite, store=store

@@ -189,3 +189,14 @@ def test_a_lost_model_key_ends_the_task_after_one_attempt_saying_how_to_send_it(
     assert verdict.status is VerdictStatus.INFRA_ERROR and verdict.attempt == 1 and not verdict.retryable
     assert verdict.reason.startswith("key_lost:")
     assert "PUT /v1/evaluations/lifekey/keys" in verdict.reason and "/retry" in verdict.reason
+
+
+def test_the_api_keys_are_dropped_once_every_task_is_finished(redis_client: Redis, suite: Suite) -> None:
+    lifecycle = TaskLifecycle(redis_client)
+    evaluation = evaluation_of("lifekeys", [7, 16], suite, has_api_key=True, has_judge_api_key=True)
+    lifecycle.create(evaluation, suite, api_key="sk-model-canary", judge_api_key="sk-judge-canary")
+    lifecycle.record_verdict(verdict_of("lifekeys", 7, VerdictStatus.PASSED))
+    assert lifecycle.state.model_key("lifekeys") == "sk-model-canary"  # task 16 still needs it
+    lifecycle.record_verdict(verdict_of("lifekeys", 16, VerdictStatus.FAILED))
+    assert lifecycle.state.model_key("lifekeys") is None and lifecycle.state.judge_key("lifekeys") is None
+    assert not redis_client.keys("pbe:secret:*lifekeys*")

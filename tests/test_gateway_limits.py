@@ -1,0 +1,85 @@
+"""The gateway's edges, served by a real uvicorn on loopback: a body without a length is cut at the limit, a NUL
+byte in a path is a 4xx problem, and /health says when the reconciler is dead."""
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from redis import Redis
+
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
+from tests.fixtures import ADMIN_KEY, BODY, gateway_settings
+from tests.servers import serve
+
+LIMIT = 64 * 1024
+
+
+@pytest.fixture()
+def settings(redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path) -> GatewaySettings:
+    return gateway_settings(redis_url, suite_path, tmp_path, MAX_BODY_BYTES=LIMIT)
+
+
+@pytest.fixture()
+def gateway(settings: GatewaySettings) -> Iterator[str]:
+    with serve(create_app(settings)) as url:
+        yield url
+
+
+def chunks(total: int, size: int = 16 * 1024) -> Iterator[bytes]:
+    sent = 0
+    yield b'{"model": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}, "padding": "'
+    while sent < total:
+        yield b"x" * size
+        sent += size
+    yield b'"}'
+
+
+def test_a_chunked_body_past_the_limit_is_refused_413_without_reading_it_whole(gateway: str) -> None:
+    with httpx.Client(base_url=gateway, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as client:
+        try:
+            response = client.post(
+                "/v1/evaluations", content=chunks(3 * 1024 * 1024), headers={"content-type": "application/json"}
+            )
+        except httpx.HTTPError:  # the server may answer and close before the client has sent everything
+            pytest.fail("the gateway closed the connection instead of answering 413")
+    assert response.status_code == 413, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    assert str(LIMIT) in response.json()["detail"]
+    assert "content-length" not in response.request.headers  # sent chunked: no length declared
+
+
+def test_a_body_within_the_limit_sent_chunked_is_still_read(gateway: str) -> None:
+    body = json.dumps({**BODY, "tasks": [7], "preflight": False}).encode()
+    with httpx.Client(base_url=gateway, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as client:
+        response = client.post(
+            "/v1/evaluations", content=iter([body[:10], body[10:]]), headers={"content-type": "application/json"}
+        )
+    assert "content-length" not in response.request.headers
+    assert response.status_code == 201, response.text
+
+
+def test_a_nul_byte_in_a_file_name_is_a_4xx_problem(gateway: str) -> None:
+    with httpx.Client(base_url=gateway, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as client:
+        evaluation_id = client.post("/v1/evaluations", json={**BODY, "tasks": [7]}).json()["evaluation"]["id"]
+        response = client.get(f"/v1/evaluations/{evaluation_id}/tasks/7/files/a%00.png")
+    assert 400 <= response.status_code < 500, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+
+
+def test_health_reports_a_dead_reconciler(settings: GatewaySettings) -> None:
+    with TestClient(create_app(settings.model_copy(update={"RECONCILE_INTERVAL_S": 3600.0}))) as client:
+        assert isinstance(client.app, FastAPI)
+        alive = client.get("/health")
+        assert alive.status_code == 200 and alive.json() == {"status": "ok"}
+        dead = threading.Thread(target=lambda: None)
+        dead.start()
+        dead.join()
+        client.app.state.reconciler = dead
+        answer = client.get("/health")
+    assert answer.status_code == 503 and answer.json()["reconciler"].startswith("dead")
