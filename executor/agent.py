@@ -2,7 +2,8 @@
 
 The loop ends on a reply without code (the agent's answer), at the turn limit, when the conversation
 outgrows the model's context or the model replies with nothing (the model's limits, graded as they stand),
-or when the model endpoint or the sandbox fails (an infrastructure error, recorded as such in the trajectory).
+when the endpoint refuses the request (a 4xx: ``model_rejected``, the user's to fix, never retried), or when
+the model endpoint or the sandbox fails (an infrastructure error, recorded as such in the trajectory).
 """
 
 import json
@@ -14,8 +15,8 @@ from typing import Any
 
 from executor.kernel import KernelClient
 from executor.messages import interpreter_message, output_text
-from executor.model import ModelClient
-from services.errors import ModelContextLengthError, ModelEndpointError, SandboxError
+from services.endpoint import EndpointClient
+from services.errors import ModelContextLengthError, ModelEndpointError, ModelRequestRejectedError, SandboxError
 from services.extraction import extract_code
 from services.trajectory import MAX_IMAGES_PER_CELL, EndReason, Message, Turn
 
@@ -68,7 +69,7 @@ def _not_run(calls: list[dict[str, Any]]) -> list[Message]:
 
 def run_agent(
     messages: list[Message],
-    model: ModelClient,
+    model: EndpointClient,
     kernel: KernelClient,
     *,
     max_turns: int,
@@ -95,6 +96,9 @@ def run_agent(
             completion = model.complete(run.messages, sampling, [EXECUTE_PYTHON_TOOL] if tools else None)
         except ModelContextLengthError as exc:
             run.end_reason, run.error = EndReason.CONTEXT_LENGTH, str(exc)
+            return run
+        except ModelRequestRejectedError as exc:
+            run.end_reason, run.error = EndReason.MODEL_REJECTED, str(exc)
             return run
         except ModelEndpointError as exc:
             run.end_reason, run.error = EndReason.MODEL_ERROR, str(exc)

@@ -11,13 +11,13 @@ from typing import Any
 
 from redis import Redis
 
-from executor.model import ModelClient
 from executor.pool import WarmPool
 from executor.sandboxes.base import SandboxBackend
 from executor.sandboxes.registry import get_backend
 from executor.session import SessionResult, key_lost, run_task_session
 from executor.settings import ExecutorSettings
 from executor.worker import current_pool
+from services.endpoint import EndpointClient
 from services.evaluation import Evaluation
 from services.lifecycle import TaskLifecycle
 from services.netguard import EgressPolicy, pinned_transport
@@ -98,7 +98,7 @@ def _run(
 ) -> SessionResult:
     """Run the session against the evaluation's endpoint, asking ``state`` before each turn whether the
     evaluation was cancelled."""
-    model = ModelClient(
+    model = EndpointClient(
         evaluation.model.base_url,
         evaluation.model.model,
         api_key=api_key,

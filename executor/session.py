@@ -13,10 +13,10 @@ from typing import Any
 
 from executor.agent import AgentRun, run_agent
 from executor.messages import opening_messages
-from executor.model import ModelClient
 from executor.pool import WarmPool, WarmSandbox, start_sandbox
 from executor.sandboxes.base import SandboxBackend
 from executor.settings import ExecutorSettings
+from services.endpoint import EndpointClient
 from services.errors import SandboxError, SuiteError
 from services.evaluation import Evaluation
 from services.sandbox import WORKSPACE, SandboxHandle
@@ -74,7 +74,7 @@ def run_task_session(
     suite: Suite,
     backend: SandboxBackend,
     settings: ExecutorSettings,
-    model: ModelClient,
+    model: EndpointClient,
     pool: WarmPool | None = None,
     cancelled: Callable[[], bool] | None = None,
 ) -> SessionResult:

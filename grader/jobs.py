@@ -11,7 +11,7 @@ from redis import Redis
 from grader import session_files
 from grader.check_sandbox import run_file_checks
 from grader.grading import FileCheckRunner, grade
-from grader.judging import judge_key_lost, judge_session
+from grader.judge import judge_key_lost, judge_session
 from grader.settings import GraderSettings
 from services.lifecycle import TaskLifecycle, should_retry
 from services.metrics import build_results

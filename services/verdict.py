@@ -32,27 +32,80 @@ class GradingOutcome(BaseModel):
     reason: str = ""
 
 
-class JudgeOutcome(BaseModel):
-    """The LLM judge's grade of a session (``grader.judge``). ``unparseable`` and ``error`` count as not passed,
-    and stay in every denominator."""
+class JudgeMode(StrEnum):
+    ABSOLUTE = "absolute"
+    """Does the trajectory fulfil the user's query?"""
+    PAIRWISE = "pairwise"
+    """The trajectory against the suite's recorded trajectory of the task (PyBench's mode)."""
 
-    mode: str
-    """``absolute`` or ``pairwise`` (against the suite's recorded trajectory of the task)."""
-    status: str
-    """``passed``, ``failed``, ``unparseable`` (the judge's answer did not fit the schema) or ``error``."""
+
+class JudgmentStatus(StrEnum):
+    PASSED = "passed"
+    FAILED = "failed"
+    UNPARSEABLE = "unparseable"
+    """The judge answered, but not with a valid verdict."""
+    ERROR = "error"
+    """No usable answer came back from the judge endpoint (or it was never asked: a refused endpoint, a lost key)."""
+
+
+class Preference(StrEnum):
+    """Pairwise: which trajectory the judge found better."""
+
+    CANDIDATE = "candidate"
+    REFERENCE = "reference"
+    TIE = "tie"
+
+
+class ResponseFormat(StrEnum):
+    """How the judge asks for JSON, from the most to the least constrained."""
+
+    JSON_SCHEMA = "json_schema"
+    JSON_OBJECT = "json_object"
+    PROMPT = "prompt"
+    """No ``response_format``: the prompt alone asks for JSON."""
+
+
+class Judgment(BaseModel):
+    """The LLM judge's grade of a session, as ``grader.judge`` made it and as its verdict stores it, whole.
+    ``unparseable`` and ``error`` count as not passed, and stay in every denominator.
+
+    The JSON names of the first nine fields are those verdicts were stored with before the other fields were
+    added; a stored judgment without the later fields reads with their defaults.
+    """
+
+    mode: JudgeMode
+    status: JudgmentStatus
     reason: str = ""
+    """The judge's reason; for ``unparseable`` and ``error``, what went wrong."""
     judge_model: str
     prompt_hash: str
-    """sha256 of the judge's prompt templates: judgments compare only under one hash."""
-    preference: str | None = None
-    """Pairwise: ``candidate``, ``reference`` or ``tie``."""
+    """sha256 of the mode and its prompt templates (``grader.judge.prompt_hash``): judgments compare only under
+    one hash."""
+    preference: Preference | None = None
+    """Pairwise: which trajectory is better; None in absolute mode or without a valid verdict."""
     latency_s: float = 0.0
+    """Wall time of the whole judgment, retries and format fallbacks included."""
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    raw_answer: str = ""
+    """The judge's answer as it came (the API key cut out), cut to ``grader.judge.MAX_RAW_ANSWER_CHARS``."""
+    attempts: int = 0
+    """HTTP requests sent (retries and format fallbacks included)."""
+    response_format: ResponseFormat | None = None
+    """The format of the request that got the answer; None when none did."""
+    reference_passed: bool | None = None
+    """Pairwise: the judge's pass of the reference trajectory."""
+    judged_at: datetime | None = None
+    """When the judgment was made; None in judgments stored before it was recorded."""
 
     @property
     def passed(self) -> bool:
-        return self.status == "passed"
+        return self.status == JudgmentStatus.PASSED
+
+    @property
+    def at_least_as_good(self) -> bool | None:
+        """Pairwise: the candidate is better than the reference or ties with it; None without a preference."""
+        return None if self.preference is None else self.preference != Preference.REFERENCE
 
 
 class Verdict(BaseModel):
@@ -70,7 +123,7 @@ class Verdict(BaseModel):
     checks: list[CheckResult] = Field(default_factory=list)
     reason: str = ""
     fixed: GradingOutcome | None = None
-    judgment: JudgeOutcome | None = None
+    judgment: Judgment | None = None
     """The LLM judge's grade, when the evaluation asked for a judge."""
     turns: int = 0
     sandbox_id: str | None = None

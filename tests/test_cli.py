@@ -34,7 +34,7 @@ from services.recordings import read_recordings
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.trajectory import EndReason, Execution, Message, Trajectory, Turn
-from services.verdict import GradingOutcome, JudgeOutcome, Verdict, VerdictStatus
+from services.verdict import GradingOutcome, Judgment, Verdict, VerdictStatus
 from tests.fixtures import ADMIN_KEY, gateway_settings
 from tests.servers import free_port, serve
 
@@ -197,8 +197,8 @@ def test_list_filters_by_model_and_status(cli: Callable[..., Run], client: Gatew
     assert len(json.loads(cli("--json", "list", "--limit", "1").out)) == 1
 
 
-def _judged(evaluation_id: str, passed: bool) -> JudgeOutcome:
-    return JudgeOutcome(mode="absolute", status="passed" if passed else "failed", judge_model="judge", prompt_hash="h")
+def _judged(evaluation_id: str, passed: bool) -> Judgment:
+    return Judgment(mode="absolute", status="passed" if passed else "failed", judge_model="judge", prompt_hash="h")
 
 
 def test_results_show_pass_rates_per_category_and_every_task(

@@ -18,15 +18,14 @@ from grader.judge import (
     JudgeMode,
     JudgmentStatus,
     Preference,
-    Reference,
     ResponseFormat,
     extract_json_object,
-    load_reference,
     prompt_hash,
     render_trajectory,
     shorten,
 )
 from services.errors import SuiteError, TaskNotFoundError
+from services.recordings import RecordedTrajectory, recording_of
 from services.trajectory import Message
 from tests.judge_server import JudgeServer, Step
 from tests.servers import free_port, serve
@@ -73,15 +72,15 @@ def make_judge(judge_server: tuple[JudgeServer, str]) -> Iterator[MakeJudge]:
 
 
 @pytest.fixture(scope="module")
-def task_44(suite_path: Path) -> Reference:
-    return load_reference(suite_path / "trajectory.jsonl", 44)
+def task_44(suite_path: Path) -> RecordedTrajectory:
+    return recording_of(suite_path / "trajectory.jsonl", 44)
 
 
 def verdict(passed: bool, reason: str = "the plot was saved as asked") -> str:
     return json.dumps({"reason": reason, "passed": passed})
 
 
-def test_a_passing_verdict(server: JudgeServer, make_judge: MakeJudge, task_44: Reference) -> None:
+def test_a_passing_verdict(server: JudgeServer, make_judge: MakeJudge, task_44: RecordedTrajectory) -> None:
     server.script(Step(content=verdict(True)))
     judgment = make_judge().judge_absolute(task_44.query, task_44.messages)
 
@@ -109,7 +108,7 @@ def test_a_passing_verdict(server: JudgeServer, make_judge: MakeJudge, task_44: 
 
 
 def test_a_failing_verdict_accepts_message_objects(
-    server: JudgeServer, make_judge: MakeJudge, task_44: Reference
+    server: JudgeServer, make_judge: MakeJudge, task_44: RecordedTrajectory
 ) -> None:
     server.script(Step(content=verdict(False, "no file was saved")))
     messages = [Message.model_validate(m) for m in task_44.messages]
@@ -119,7 +118,7 @@ def test_a_failing_verdict_accepts_message_objects(
     assert judgment.reason == "no file was saved"
 
 
-def test_json_in_a_fence_amid_chatter(server: JudgeServer, make_judge: MakeJudge, task_44: Reference) -> None:
+def test_json_in_a_fence_amid_chatter(server: JudgeServer, make_judge: MakeJudge, task_44: RecordedTrajectory) -> None:
     answer = (
         "<think>the image exists; {not json}</think>Let me weigh this. The agent plotted Close against Date.\n"
         '```json\n{"reason": "title and path match", "passed": "Pass"}\n```\nHope this helps!'
@@ -143,7 +142,7 @@ def test_json_in_a_fence_amid_chatter(server: JudgeServer, make_judge: MakeJudge
     ],
 )
 def test_malformed_answers_are_unparseable(
-    server: JudgeServer, make_judge: MakeJudge, task_44: Reference, answer: str, why: str
+    server: JudgeServer, make_judge: MakeJudge, task_44: RecordedTrajectory, answer: str, why: str
 ) -> None:
     server.script(Step(content=answer))
     judgment = make_judge().judge_absolute(task_44.query, task_44.messages)
@@ -154,7 +153,7 @@ def test_malformed_answers_are_unparseable(
     assert judgment.attempts == 1, "an unparseable answer is returned, not retried"
 
 
-def test_a_long_raw_answer_is_cut(server: JudgeServer, make_judge: MakeJudge, task_44: Reference) -> None:
+def test_a_long_raw_answer_is_cut(server: JudgeServer, make_judge: MakeJudge, task_44: RecordedTrajectory) -> None:
     server.script(Step(content="blah " * 5000 + verdict(True)))
     judgment = make_judge().judge_absolute(task_44.query, task_44.messages)
 
@@ -163,7 +162,7 @@ def test_a_long_raw_answer_is_cut(server: JudgeServer, make_judge: MakeJudge, ta
 
 
 def test_falls_back_to_json_object_and_remembers(
-    server: JudgeServer, make_judge: MakeJudge, task_44: Reference
+    server: JudgeServer, make_judge: MakeJudge, task_44: RecordedTrajectory
 ) -> None:
     server.rejected_formats = {"json_schema"}
     server.script(Step(content=verdict(True)), Step(content=verdict(False)))
@@ -181,7 +180,7 @@ def test_falls_back_to_json_object_and_remembers(
 
 
 def test_a_server_error_naming_the_format_falls_back_at_once(
-    server: JudgeServer, make_judge: MakeJudge, task_44: Reference
+    server: JudgeServer, make_judge: MakeJudge, task_44: RecordedTrajectory
 ) -> None:
     """llama-cpp-python's server answers ``json_schema`` with HTTP 500 and its validation error: retrying it would
     only get the same answer, so the judge moves on to ``json_object`` straight away."""
@@ -202,7 +201,7 @@ def test_a_server_error_naming_the_format_falls_back_at_once(
 
 
 def test_a_server_error_without_a_format_is_retried_and_not_a_format_rejection(
-    server: JudgeServer, make_judge: MakeJudge, task_44: Reference
+    server: JudgeServer, make_judge: MakeJudge, task_44: RecordedTrajectory
 ) -> None:
     server.script(Step(status=500, body={"error": {"message": "out of memory"}}), Step(content=verdict(True)))
     judgment = make_judge().judge_absolute(task_44.query, task_44.messages)
@@ -211,7 +210,9 @@ def test_a_server_error_without_a_format_is_retried_and_not_a_format_rejection(
     assert [r.response_format for r in server.requests] == ["json_schema", "json_schema"]
 
 
-def test_falls_back_to_the_prompt_alone(server: JudgeServer, make_judge: MakeJudge, task_44: Reference) -> None:
+def test_falls_back_to_the_prompt_alone(
+    server: JudgeServer, make_judge: MakeJudge, task_44: RecordedTrajectory
+) -> None:
     server.rejected_formats = {"json_schema", "json_object"}
     server.script(Step(content="Sure.\n" + verdict(True)))
     judge = make_judge()
@@ -224,7 +225,7 @@ def test_falls_back_to_the_prompt_alone(server: JudgeServer, make_judge: MakeJud
 
 
 def test_a_400_at_every_format_is_an_error_and_not_remembered(
-    server: JudgeServer, make_judge: MakeJudge, task_44: Reference
+    server: JudgeServer, make_judge: MakeJudge, task_44: RecordedTrajectory
 ) -> None:
     too_long = {"error": {"message": "prompt is longer than the context window", "type": "invalid_request_error"}}
     server.script(*[Step(status=400, body=too_long)] * 3, Step(content=verdict(True)))
@@ -239,7 +240,9 @@ def test_a_400_at_every_format_is_an_error_and_not_remembered(
     assert server.requests[-1].response_format == "json_schema"
 
 
-def test_429_with_retry_after_is_honoured(server: JudgeServer, make_judge: MakeJudge, task_44: Reference) -> None:
+def test_429_with_retry_after_is_honoured(
+    server: JudgeServer, make_judge: MakeJudge, task_44: RecordedTrajectory
+) -> None:
     server.script(Step(status=429, headers={"Retry-After": "1"}), Step(content=verdict(True)))
     started = time.monotonic()
     judgment = make_judge().judge_absolute(task_44.query, task_44.messages)
@@ -250,7 +253,7 @@ def test_429_with_retry_after_is_honoured(server: JudgeServer, make_judge: MakeJ
 
 
 def test_persistent_500_is_an_error_after_bounded_retries(
-    server: JudgeServer, make_judge: MakeJudge, task_44: Reference
+    server: JudgeServer, make_judge: MakeJudge, task_44: RecordedTrajectory
 ) -> None:
     server.script(*[Step(status=500)] * 4, Step(content=verdict(True)))
     started = time.monotonic()
@@ -262,7 +265,9 @@ def test_persistent_500_is_an_error_after_bounded_retries(
     assert time.monotonic() - started < 2.0
 
 
-def test_other_http_errors_are_not_retried(server: JudgeServer, make_judge: MakeJudge, task_44: Reference) -> None:
+def test_other_http_errors_are_not_retried(
+    server: JudgeServer, make_judge: MakeJudge, task_44: RecordedTrajectory
+) -> None:
     server.script(Step(status=404, body={"error": {"message": "model 'judge-model' not found"}}))
     judgment = make_judge().judge_absolute(task_44.query, task_44.messages)
 
@@ -271,7 +276,7 @@ def test_other_http_errors_are_not_retried(server: JudgeServer, make_judge: Make
 
 
 def test_a_200_that_is_not_a_chat_completion_is_an_error(
-    server: JudgeServer, make_judge: MakeJudge, task_44: Reference
+    server: JudgeServer, make_judge: MakeJudge, task_44: RecordedTrajectory
 ) -> None:
     server.script(Step(body={"result": "ok"}))
     judgment = make_judge().judge_absolute(task_44.query, task_44.messages)
@@ -279,7 +284,9 @@ def test_a_200_that_is_not_a_chat_completion_is_an_error(
     assert judgment.status == JudgmentStatus.ERROR and "not a chat completion" in judgment.reason
 
 
-def test_a_timeout_is_retried_then_an_error(server: JudgeServer, make_judge: MakeJudge, task_44: Reference) -> None:
+def test_a_timeout_is_retried_then_an_error(
+    server: JudgeServer, make_judge: MakeJudge, task_44: RecordedTrajectory
+) -> None:
     server.script(Step(content=verdict(True), delay_s=1.0), Step(content=verdict(True), delay_s=1.0))
     judgment = make_judge(timeout_s=0.2, retries=1).judge_absolute(task_44.query, task_44.messages)
 
@@ -287,7 +294,7 @@ def test_a_timeout_is_retried_then_an_error(server: JudgeServer, make_judge: Mak
     assert "did not answer after 2 attempts (ReadTimeout)" in judgment.reason
 
 
-def test_a_closed_port_is_an_error(make_judge: MakeJudge, task_44: Reference) -> None:
+def test_a_closed_port_is_an_error(make_judge: MakeJudge, task_44: RecordedTrajectory) -> None:
     judge = make_judge(base_url=f"http://127.0.0.1:{free_port()}/v1", retries=2)
     judgment = judge.judge_absolute(task_44.query, task_44.messages)
 
@@ -296,7 +303,7 @@ def test_a_closed_port_is_an_error(make_judge: MakeJudge, task_44: Reference) ->
 
 
 def test_the_api_key_goes_to_the_server_and_nowhere_else(
-    server: JudgeServer, make_judge: MakeJudge, task_44: Reference, caplog: pytest.LogCaptureFixture
+    server: JudgeServer, make_judge: MakeJudge, task_44: RecordedTrajectory, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     echo = {"error": {"message": f"upstream rejected key {CANARY}"}}
@@ -325,10 +332,10 @@ def test_the_api_key_goes_to_the_server_and_nowhere_else(
 
 
 def test_pairwise_against_a_recorded_reference(
-    server: JudgeServer, make_judge: MakeJudge, suite_path: Path, task_44: Reference
+    server: JudgeServer, make_judge: MakeJudge, suite_path: Path, task_44: RecordedTrajectory
 ) -> None:
-    reference = load_reference(suite_path / "trajectory.jsonl", 15)
-    assert reference.task_index == 15 and reference.query.startswith("按照avg_us_viewers")
+    reference = recording_of(suite_path / "trajectory.jsonl", 15)
+    assert reference.index == 15 and reference.query.startswith("按照avg_us_viewers")
     candidate = [
         *reference.messages[:3],
         {"role": "assistant", "content": "```python\nimport pandas as pd\ndf = pd.read_csv('./data/tv.csv')\n```"},
@@ -361,7 +368,7 @@ def test_pairwise_against_a_recorded_reference(
 def test_pairwise_preferences(
     server: JudgeServer,
     make_judge: MakeJudge,
-    task_44: Reference,
+    task_44: RecordedTrajectory,
     better: str,
     candidate_passed: bool,
     status: JudgmentStatus,
@@ -377,7 +384,7 @@ def test_pairwise_preferences(
 
 
 def test_pairwise_with_a_bad_preference_is_unparseable(
-    server: JudgeServer, make_judge: MakeJudge, task_44: Reference
+    server: JudgeServer, make_judge: MakeJudge, task_44: RecordedTrajectory
 ) -> None:
     answer = {"reason": "r", "agent1_passed": True, "agent2_passed": True, "better": "both"}
     server.script(Step(content=json.dumps(answer)))
@@ -388,19 +395,19 @@ def test_pairwise_with_a_bad_preference_is_unparseable(
     assert "(no messages: the agent produced no trajectory)" in server.requests[0].prompt
 
 
-def test_load_reference_errors(tmp_path: Path, suite_path: Path) -> None:
+def test_reference_errors(tmp_path: Path, suite_path: Path) -> None:
     with pytest.raises(TaskNotFoundError, match="task 24"):
-        load_reference(suite_path / "trajectory.jsonl", 24)
+        recording_of(suite_path / "trajectory.jsonl", 24)
     with pytest.raises(SuiteError, match="cannot read"):
-        load_reference(tmp_path / "missing.jsonl", 1)
+        recording_of(tmp_path / "missing.jsonl", 1)
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"index": 3, "messages": []}\nnot json\n', encoding="utf-8")
     with pytest.raises(SuiteError, match="line 2"):
-        load_reference(broken, 9)
-    assert load_reference(broken, 3).messages == []
+        recording_of(broken, 9)
+    assert recording_of(broken, 3).messages == []
 
 
-def test_render_trajectory_is_compact_and_bounded(task_44: Reference) -> None:
+def test_render_trajectory_is_compact_and_bounded(task_44: RecordedTrajectory) -> None:
     text = render_trajectory(task_44.messages, query=task_44.query)
     assert "You are an AI Agent" not in text, "the system prompt is left out"
     assert task_44.query not in text
@@ -441,7 +448,7 @@ def test_extract_json_object(text: str, expected: dict[str, Any] | None) -> None
     assert extract_json_object(text) == expected
 
 
-def test_programming_errors_raise(make_judge: MakeJudge, task_44: Reference) -> None:
+def test_programming_errors_raise(make_judge: MakeJudge, task_44: RecordedTrajectory) -> None:
     with pytest.raises(TypeError, match="SecretStr"):
         make_judge(api_key=CANARY)
     with pytest.raises(ValueError, match="http"):

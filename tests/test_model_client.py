@@ -1,18 +1,26 @@
-"""The model client against a real, scripted OpenAI-compatible server on loopback: retries with backoff on 429
-(honouring Retry-After) and 5xx, a bounded number of them; a context-length error and an empty reply end a
+"""The endpoint client against a real, scripted OpenAI-compatible server on loopback: retries with backoff on
+408, 429 and 5xx (honouring Retry-After, as seconds or as an HTTP date, capped), a bounded number of them; any
+other 4xx is refused after one request; a context-length error, an empty reply and a refused request end a
 session cleanly with their own reason."""
 
+import email.utils
 import time
 from collections import deque
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from executor.agent import run_agent
-from executor.model import ModelClient
-from services.errors import ModelContextLengthError, ModelUnreachableError
+from services.endpoint import EndpointClient, retry_after_s
+from services.errors import (
+    ModelContextLengthError,
+    ModelRequestRejectedError,
+    ModelResponseError,
+    ModelUnreachableError,
+)
 from services.trajectory import EndReason, Message
 from tests.servers import serve
 
@@ -59,7 +67,7 @@ def test_429_and_5xx_are_retried_with_backoff_and_retry_after_is_honoured(script
             (200, COMPLETION, {}),
         ]
     )
-    client = ModelClient(url, "m", retries=3, backoff_s=0.01)
+    client = EndpointClient(url, "m", retries=3, backoff_s=0.01)
     completion = client.complete([Message(role="user", content="q")], {})
     assert completion.text == "Finished: 42" and (completion.prompt_tokens, completion.completion_tokens) == (12, 3)
     assert len(server.times) == 3
@@ -70,7 +78,7 @@ def test_429_and_5xx_are_retried_with_backoff_and_retry_after_is_honoured(script
 def test_retries_are_bounded(script: tuple[Script, str]) -> None:
     server, url = script
     server.answers.extend([(503, {"error": "down"}, {})] * 5)
-    client = ModelClient(url, "m", retries=2, backoff_s=0.01)
+    client = EndpointClient(url, "m", retries=2, backoff_s=0.01)
     with pytest.raises(ModelUnreachableError, match="3 times"):
         client.complete([Message(role="user", content="q")], {})
     assert len(server.times) == 3
@@ -86,7 +94,7 @@ def test_retries_are_bounded(script: tuple[Script, str]) -> None:
 def test_a_context_length_error_ends_the_session_with_its_own_reason(script: tuple[Script, str], message: str) -> None:
     server, url = script
     server.answers.append((400, {"error": {"message": message, "type": "invalid_request_error"}}, {}))
-    client = ModelClient(url, "m", retries=3, backoff_s=0.01)
+    client = EndpointClient(url, "m", retries=3, backoff_s=0.01)
     with pytest.raises(ModelContextLengthError):
         client.complete([Message(role="user", content="q")], {})
     assert len(server.times) == 1  # not retried
@@ -104,8 +112,80 @@ def test_an_empty_reply_ends_the_session_with_its_own_reason(script: tuple[Scrip
         "choices": [{"index": 0, "message": {"role": "assistant", "content": ""}, "finish_reason": "length"}],
     }
     server.answers.append((200, empty, {}))
-    client = ModelClient(url, "m", retries=0)
+    client = EndpointClient(url, "m", retries=0)
     run = run_agent(
         [Message(role="user", content="q")], client, kernel=None, max_turns=3, cell_timeout_s=1, sampling={}
     )  # type: ignore[arg-type]
     assert run.end_reason is EndReason.EMPTY_REPLY and "length" in (run.error or "") and not run.end_reason.infra
+
+
+CANARY = "sk-endpoint-canary-3d9b"
+"""An API key that must reach the server as a bearer token and appear in no message or repr."""
+
+
+def test_retry_after_as_an_http_date_is_honoured(script: tuple[Script, str]) -> None:
+    server, url = script
+    # An HTTP date has whole seconds: 3 s ahead is a wait of more than 2 s once truncated.
+    when = email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=3), usegmt=True)
+    server.answers.extend([(503, {"error": "busy"}, {"Retry-After": when}), (200, COMPLETION, {})])
+    client = EndpointClient(url, "m", retries=1, backoff_s=0.01)
+    assert client.complete([Message(role="user", content="q")]).text == "Finished: 42"
+    assert len(server.times) == 2 and server.times[1] - server.times[0] >= 1.9
+
+
+def test_retry_after_is_capped(script: tuple[Script, str]) -> None:
+    server, url = script
+    an_hour = email.utils.format_datetime(datetime.now(UTC) + timedelta(hours=1), usegmt=True)
+    server.answers.extend([(429, {"error": "later"}, {"Retry-After": an_hour}), (200, COMPLETION, {})])
+    client = EndpointClient(url, "m", retries=1, backoff_s=0.01, max_backoff_s=0.3)
+    client.complete([Message(role="user", content="q")])
+    assert 0.25 <= server.times[1] - server.times[0] < 2.0
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("2", 2.0), ("0.5", 0.5), ("-3", 0.0), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0), ("soon", None), ("", None)],
+)
+def test_retry_after_values(value: str, seconds: float | None) -> None:
+    assert retry_after_s(value) == seconds
+
+
+def test_408_is_retried(script: tuple[Script, str]) -> None:
+    server, url = script
+    server.answers.extend([(408, {"error": "request timeout"}, {}), (200, COMPLETION, {})])
+    completion = EndpointClient(url, "m", retries=2, backoff_s=0.01).complete([Message(role="user", content="q")])
+    assert completion.text == "Finished: 42" and completion.requests == 2 and len(server.times) == 2
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "hint"),
+    [
+        (404, {"error": {"code": "task_not_recorded", "message": f"no recording (key {CANARY})"}}, "base URL"),
+        (401, {"error": {"message": f"Incorrect API key provided: {CANARY}"}}, "API key"),
+    ],
+)
+def test_a_4xx_is_rejected_after_exactly_one_request(
+    script: tuple[Script, str], status: int, body: dict[str, object], hint: str
+) -> None:
+    server, url = script
+    server.answers.extend([(status, body, {}), (200, COMPLETION, {})])
+    client = EndpointClient(url, "m", api_key=CANARY, retries=3, backoff_s=0.01)
+    with pytest.raises(ModelRequestRejectedError) as raised:
+        client.complete([Message(role="user", content="q")])
+    assert len(server.times) == 1, "a refused request is never asked again"
+    message = str(raised.value)
+    assert f"HTTP {status}" in message and hint in message and "[REDACTED]" in message
+    assert CANARY not in message and CANARY not in repr(client)
+    assert isinstance(raised.value, ModelResponseError)  # and so not a context-length error
+
+
+def test_the_agent_loop_ends_with_model_rejected_on_a_404(script: tuple[Script, str]) -> None:
+    server, url = script
+    server.answers.append((404, {"error": {"code": "task_not_recorded", "message": "no recording of this task"}}, {}))
+    client = EndpointClient(url, "m", retries=3, backoff_s=0.01)
+    run = run_agent(
+        [Message(role="user", content="q")], client, kernel=None, max_turns=3, cell_timeout_s=1, sampling={}
+    )  # type: ignore[arg-type]
+    assert run.end_reason is EndReason.MODEL_REJECTED and "task_not_recorded" in (run.error or "")
+    assert run.end_reason.infra and not run.end_reason.retryable
+    assert len(server.times) == 1

@@ -14,9 +14,9 @@ from fastapi.responses import JSONResponse
 
 from executor.agent import EXECUTE_PYTHON_TOOL, run_agent
 from executor.kernel import KernelClient
-from executor.model import ModelClient
 from executor.sandboxes.base import SandboxSpec
 from executor.sandboxes.local import LocalSandboxBackend
+from services.endpoint import EndpointClient
 from services.trajectory import EndReason, Message
 from tests.servers import serve
 
@@ -76,7 +76,7 @@ def test_code_runs_through_execute_python_calls_and_comes_back_as_tool_messages(
             {"content": "Finished: 17 * 23 = 391"},
         ]
     )
-    model = ModelClient(url, "m", retries=0)
+    model = EndpointClient(url, "m", retries=0)
     opening = [Message(role="system", content="s"), Message(role="user", content="compute 17 * 23")]
     run = run_agent(opening, model, kernel, max_turns=10, cell_timeout_s=30, sampling={}, tools=True)
     assert run.end_reason is EndReason.NO_CODE

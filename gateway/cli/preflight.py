@@ -6,6 +6,9 @@ cluster address), ``--no-preflight`` skips it.
 
 import httpx
 
+from services.endpoint import EndpointClient
+from services.errors import ModelEndpointError
+
 from .errors import PreflightError
 
 DEFAULT_PREFLIGHT_TIMEOUT_S = 10.0
@@ -23,7 +26,8 @@ def served_models(
     timeout_s: float = DEFAULT_PREFLIGHT_TIMEOUT_S,
     transport: httpx.BaseTransport | None = None,
 ) -> list[str]:
-    """The ids of the models an OpenAI-compatible endpoint lists at ``{base_url}/models``.
+    """The ids of the models an OpenAI-compatible endpoint lists at ``{base_url}/models``, asked once (through
+    ``services.endpoint``, without retries: the user is waiting).
 
     ``role`` (``model`` or ``judge``) names the endpoint in messages; the key is sent as a bearer token and
     never appears in one.
@@ -31,31 +35,38 @@ def served_models(
     Raises:
         PreflightError: no answer, an error status, or an answer that is not a model list.
     """
-    url = base_url.rstrip("/") + "/models"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     flag = f"--{role}-url"
-    try:
-        with httpx.Client(timeout=timeout_s, transport=transport, follow_redirects=False) as http:
-            response = http.get(url, headers=headers)
-    except httpx.TransportError as exc:
+    client = EndpointClient(
+        base_url,
+        api_key=api_key,
+        role=role,
+        timeout_s=timeout_s,
+        connect_timeout_s=timeout_s,
+        retries=0,
+        transport=transport,
+    )
+    with client:
+        reply = client.listing()
+    url = reply.url
+    if reply.status is None:
+        problem = str(reply.failure) or type(reply.failure).__name__
         raise PreflightError(
-            f"the {role} endpoint is unreachable: GET {url} failed ({str(exc) or type(exc).__name__}); check "
+            f"the {role} endpoint is unreachable: GET {url} failed ({problem}); check "
             f"{flag} as this machine reaches it, or pass --no-preflight if only the workers can reach it"
-        ) from exc
-    if response.status_code in (401, 403):
+        ) from reply.failure
+    if reply.status in (401, 403):
         raise PreflightError(
-            f"the {role} endpoint refused the request (GET {url}: HTTP {response.status_code}); put its API key in "
+            f"the {role} endpoint refused the request (GET {url}: HTTP {reply.status}); put its API key in "
             f"an environment variable and name it with --{role}-key-env"
         )
-    if response.status_code != 200:
+    if reply.status != 200:
         raise PreflightError(
-            f"the {role} endpoint answered GET {url} with HTTP {response.status_code}; is {flag} the base URL of "
+            f"the {role} endpoint answered GET {url} with HTTP {reply.status}; is {flag} the base URL of "
             "an OpenAI-compatible API (ending in /v1)?"
         )
     try:
-        data = response.json()["data"]
-        return [str(entry["id"]) for entry in data]
-    except (ValueError, KeyError, TypeError) as exc:
+        return reply.models()
+    except ModelEndpointError as exc:
         raise PreflightError(
             f'the {role} endpoint\'s answer to GET {url} is not a model list ({{"data": [{{"id": ...}}]}}); is '
             f"{flag} the base URL of an OpenAI-compatible API (ending in /v1)?"
