@@ -29,9 +29,11 @@ Errors (``services.errors``), raised by ``Reply.completion`` and ``Reply.models`
         └── ModelRequestRejectedError any other 4xx (not 408, 429): an unknown model, a wrong key, a task a replay
                                       endpoint cannot serve; never retried, the message says what to fix
 
-``chat`` and ``listing`` raise nothing for what the endpoint does; the constructor raises ``ValueError`` for a
-negative limit. The API key is sent as a bearer token only; every text that came back is redacted
-(``services.redaction``) before anyone sees it, so the key appears in no message, log line, ``Reply`` or repr.
+``chat`` and ``listing`` raise nothing for what the endpoint does (``chat`` raises ``ValueError`` when the client
+has no model); the constructor raises ``ValueError`` for a negative limit.
+
+The API key is sent as a bearer token only; every text that came back is redacted (``services.redaction``)
+before anyone sees it, so the key appears in no message, log line, ``Reply`` or repr.
 """
 
 import email.utils
