@@ -2,16 +2,17 @@
 # Download a wheelhouse for the images' interpreter, so image builds need no network.
 #
 # Usage: scripts/stage-wheels.sh DEST [pip requirement arguments...]
-#   e.g. scripts/stage-wheels.sh executor/sandbox/staged/wheels -r reqs.txt
+#   e.g. scripts/stage-wheels.sh executor/image/staged/wheels -r reqs.txt
 #
 # The images run Debian bookworm's CPython 3.11.2 (or the public image's 3.11.x): wheels are chosen for
 # 3.11.2 on manylinux x86_64, not for the host's interpreter (newest releases of some packages need
 # >= 3.11.5). A requirement published only as a source archive is built into a wheel on the host.
-# Skips the download when the same requirements were staged before.
+# Skips the download when the same requirements were staged before: the key is the arguments, each file among
+# them by its content (not its path, so moving a requirements file keeps the wheelhouse).
 set -euo pipefail
 dest="$1"; shift
 mkdir -p "$dest"
-key="$(printf '%s\n' "$@" | cat - $(printf '%s\n' "$@" | grep -v '^-' | xargs -r -I{} sh -c 'test -f "{}" && echo "{}"') 2>/dev/null | sha256sum | cut -c1-16)"
+key="$(for arg in "$@"; do if [ -f "$arg" ]; then cat "$arg"; else printf '%s\n' "$arg"; fi; done | sha256sum | cut -c1-16)"
 if [ -f "$dest/.complete" ] && [ "$(cat "$dest/.complete")" = "$key" ]; then
   echo "wheelhouse $dest is up to date"
   exit 0

@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 from pydantic import BaseModel, Field
 
 DEFAULT_SANDBOX_IMAGE = "pybench-eval/sandbox:latest"
-"""The image sessions run in, and grading checks open produced files in (built by ``make images``)."""
+"""The image sessions run in, and grading checks open produced files in (``make images`` builds it from
+``executor/image/``)."""
 
 WORKSPACE = "/workspace"
 """The sandbox's working directory: the kernel runs here, inputs go to ``./data``, results to ``./output``;
