@@ -33,11 +33,11 @@ import docker.client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from executor.model import ModelClient  # noqa: E402
 from executor.replay.server import create_app  # noqa: E402
 from executor.sandboxes.docker import DockerSandboxBackend  # noqa: E402
 from executor.session import run_task_session  # noqa: E402
 from executor.settings import ExecutorSettings  # noqa: E402
+from services.endpoint import EndpointClient  # noqa: E402
 from services.evaluation import Evaluation, ModelEndpoint, Sampling  # noqa: E402
 from services.pybench import ERROR_PREAMBLE, interpreter_output, is_interpreter_message  # noqa: E402
 from services.recordings import read_recordings  # noqa: E402
@@ -96,7 +96,7 @@ def replay_task(suite: Suite, index: int, url: str, recorded: list[dict[str, Any
         sampling=Sampling(),
     )
     settings = ExecutorSettings(SANDBOX_IMAGE=image, SANDBOX_MEMORY_MB=4096, SANDBOX_READY_TIMEOUT_S=120)
-    model = ModelClient(url, "pybench-replay", timeout_s=60)
+    model = EndpointClient(url, "pybench-replay", timeout_s=60)
     backend = DockerSandboxBackend(network=NETWORK)
     began = time.monotonic()
     try:

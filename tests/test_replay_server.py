@@ -6,9 +6,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from executor.model import ModelClient
 from executor.replay.recordings import load_recordings
 from executor.replay.server import END_OF_RECORDING, create_app
+from services.endpoint import EndpointClient
 from services.errors import ConfigurationError, ModelResponseError
 from services.extraction import extract_code
 from services.recordings import recording_of
@@ -67,7 +67,7 @@ def test_models_and_health(url: str) -> None:
 
 
 def test_the_model_client_speaks_to_it(url: str, record: dict[str, object]) -> None:
-    client = ModelClient(url + "/v1", "pybench-replay")
+    client = EndpointClient(url + "/v1", "pybench-replay")
     completion = client.complete([Message.model_validate(m) for m in opening(record)], {"temperature": 0.2})
     assert extract_code(completion.text) is not None and completion.completion_tokens
     with pytest.raises(ModelResponseError, match="404"):
