@@ -187,7 +187,7 @@ def test_the_model_key_reaches_the_endpoint_and_nothing_else(
     _, evaluation = run_session(7, url, api_key=CANARY)
     assert seen and all(header == f"Bearer {CANARY}" for header in seen)
     trajectory = ArtifactStore(tmp_path).get_trajectory(evaluation.id, 7, 1)
-    assert trajectory.end_reason is EndReason.MODEL_ERROR and "[REDACTED]" in (trajectory.error or "")
+    assert trajectory.end_reason is EndReason.MODEL_REJECTED and "[REDACTED]" in (trajectory.error or "")
     stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
     assert CANARY.encode() not in stored, "the key reached the artifact store"
     assert CANARY.encode() not in redis_dump(redis_client), "the key reached Redis outside the secret store"
