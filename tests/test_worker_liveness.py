@@ -1,0 +1,56 @@
+"""A killed executor worker is seen dead within seconds (issue: its task stayed ``running`` for an hour): a real
+``rq worker`` process of ``ExecutorWorker`` on a real Redis, killed with SIGKILL in the middle of a job."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from redis import Redis
+from rq import Queue
+from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
+
+from executor.worker import DEFAULT_HEARTBEAT_TTL_S
+from gateway.reconcile import _alive
+
+QUEUE = "pbe-liveness-test"
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_job_is_dead_to_the_reconciler_within_its_heartbeat_ttl(
+    redis_url: str, redis_client: Redis
+) -> None:
+    job = Queue(QUEUE, connection=redis_client, serializer=JSONSerializer).enqueue_call(
+        "time.sleep", args=(600,), job_id="pbe-liveness-job", timeout=3600
+    )
+    env = {**os.environ, "PBE_REDIS_URL": redis_url, "PBE_WARM_POOL": "false"}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "rq.cli", "worker", "--url", redis_url, "--worker-class",
+         "executor.worker.ExecutorWorker", "--serializer", "rq.serializers.JSONSerializer", QUEUE],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while Job.fetch(job.id, connection=redis_client, serializer=JSONSerializer).get_status() != JobStatus.STARTED:
+            assert time.monotonic() < deadline and worker.poll() is None, "the worker never started the job"
+            time.sleep(0.2)
+        time.sleep(2 * 5.0)  # a few heartbeats while the job runs: the key stays short-lived, the job alive
+        assert _alive(redis_client, job.id)
+        name = Job.fetch(job.id, connection=redis_client, serializer=JSONSerializer).worker_name
+        assert 0 < redis_client.ttl(f"rq:worker:{name}") <= DEFAULT_HEARTBEAT_TTL_S
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=10)
+        killed = time.monotonic()
+        while _alive(redis_client, job.id):
+            assert time.monotonic() - killed < DEFAULT_HEARTBEAT_TTL_S + 5, "the dead worker still looks alive"
+            time.sleep(0.5)
+        assert time.monotonic() - killed <= DEFAULT_HEARTBEAT_TTL_S + 1
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(timeout=10)
