@@ -1,4 +1,6 @@
-"""One task session: a fresh sandbox, the task's inputs in ``./data``, the agent loop, ``./output`` collected.
+"""One task session: a fresh sandbox, the task's inputs in ``./data``, the agent loop, ``./output`` collected
+(at most ``DEFAULT_MAX_TREE_FILES`` entries and ``DEFAULT_MAX_TREE_BYTES`` bytes of it, the first by name; the
+trajectory's ``output_truncated`` says what was dropped, and the grading reads what was kept).
 
 ``run_task_session`` never raises for what the environment or the model does: a sandbox that does not
 start or dies, or a model endpoint that fails, ends the session with an infrastructure ``EndReason`` and the
@@ -14,7 +16,7 @@ from typing import Any
 from executor.agent import AgentRun, run_agent
 from executor.messages import opening_messages
 from executor.pool import WarmPool, WarmSandbox, start_sandbox
-from executor.sandboxes.base import SandboxBackend
+from executor.sandboxes.base import SandboxBackend, Tree
 from executor.settings import ExecutorSettings
 from services.endpoint import EndpointClient
 from services.errors import SandboxError, SuiteError
@@ -92,7 +94,9 @@ def run_task_session(
     messages = opening_messages(suite.system_prompt(evaluation.prompt), task)
     spec = settings.sandbox_spec(evaluation.id, task.index, attempt)
 
-    def finish(run: AgentRun, session: SessionInfo | None, files: dict[str, bytes]) -> SessionResult:
+    def finish(
+        run: AgentRun, session: SessionInfo | None, files: dict[str, bytes], truncated: str | None = None
+    ) -> SessionResult:
         trajectory = Trajectory(
             evaluation_id=evaluation.id,
             task_index=task.index,
@@ -104,6 +108,7 @@ def run_task_session(
             session=session,
             wall_s=time.monotonic() - started,
             output_files=sorted("./output/" + name for name in files),
+            output_truncated=truncated,
         )
         return trajectory, files
 
@@ -142,15 +147,18 @@ def run_task_session(
             cancelled=cancelled,
         )
         try:
-            files = backend.get_tree(handle, f"{WORKSPACE}/output")
+            tree = backend.get_tree(handle, f"{WORKSPACE}/output")
         except SandboxError as exc:
             log.warning("task %d: could not collect ./output: %s", task.index, exc)
-            files = {}
+            tree = Tree()
     finally:
         kernel.close()
         backend.stop(handle)
     session.ended_at = datetime.now(UTC)
-    return finish(run, session, files)
+    truncated = tree.note("./output")
+    if truncated is not None:
+        log.info("task %d: %s", task.index, truncated)
+    return finish(run, session, tree.files, truncated)
 
 
 KEY_LOST = (

@@ -209,15 +209,65 @@ def test_files_the_kernel_writes_to_output_come_back_and_links_are_skipped(
         "os.symlink('/etc', './output/link-to-folder')\n"
         "os.symlink('../data', './output/sub/link-to-data')",
     )
-    assert backend.get_tree(shared, "/workspace/output") == {
+    assert backend.get_tree(shared, "/workspace/output").files == {
         "result.csv": b"x\n1\n",
         "sub/deeper/b.bin": bytes(range(256)),
         "game/assets/": b"",  # an empty folder is a result too (task 140: "save the files to a folder")
     }
 
 
+CAPPED_FOLDER = {
+    "a.txt": b"a" * 10,
+    "b/1.txt": b"b" * 10,
+    "b/2.txt": b"c" * 10,
+    "c/": b"",
+    "d.txt": b"d" * 10,
+    "e/f/": b"",
+    "z.bin": b"z" * 100,
+}
+"""A folder to collect under caps: every backend must keep the same entries (the first by name that fit)."""
+
+
+@pytest.mark.parametrize(
+    ("max_files", "max_bytes", "kept", "first_dropped"),
+    [
+        (1000, 2**20, list(CAPPED_FOLDER), None),
+        (4, 2**20, ["a.txt", "b/1.txt", "b/2.txt", "c/"], "d.txt"),
+        (1000, 35, ["a.txt", "b/1.txt", "b/2.txt", "c/"], "d.txt"),
+        (1000, 99, ["a.txt", "b/1.txt", "b/2.txt", "c/", "d.txt", "e/f/"], "z.bin"),
+        (0, 2**20, [], "a.txt"),
+    ],
+)
+def test_get_tree_keeps_the_first_entries_by_name_within_the_caps_and_counts_the_rest(
+    backend: SandboxBackend,
+    shared: SandboxHandle,
+    kernel: KernelClient,
+    max_files: int,
+    max_bytes: int,
+    kept: list[str],
+    first_dropped: str | None,
+) -> None:
+    run(
+        kernel,
+        "import os, shutil\nshutil.rmtree('./capped', ignore_errors=True)\n"
+        f"for name, data in {CAPPED_FOLDER!r}.items():\n"
+        "    os.makedirs(os.path.dirname('./capped/' + name), exist_ok=True)\n"
+        "    if not name.endswith('/'):\n"
+        "        open('./capped/' + name, 'wb').write(data)",
+    )
+    tree = backend.get_tree(shared, "/workspace/capped", max_files=max_files, max_bytes=max_bytes)
+    assert tree.files == {name: CAPPED_FOLDER[name] for name in kept}
+    assert tree.first_dropped == first_dropped and tree.truncated is (first_dropped is not None)
+    assert (tree.found_entries, tree.found_bytes) == (7, 140)
+    note = tree.note("./capped")
+    if first_dropped is None:
+        assert note is None
+    else:
+        assert note is not None and f"from ./capped/{first_dropped} on" in note and "7 entries" in note
+
+
 def test_get_tree_of_a_missing_folder_is_empty(backend: SandboxBackend, shared: SandboxHandle) -> None:
-    assert backend.get_tree(shared, "/workspace/no-such-folder") == {}
+    assert backend.get_tree(shared, "/workspace/no-such-folder").files == {}
 
 
 def test_the_executors_environment_does_not_reach_the_kernel(shared: SandboxHandle, kernel: KernelClient) -> None:
@@ -332,7 +382,7 @@ def test_a_reparsed_handle_lets_another_backend_instance_read_and_stop(
     reparsed = SandboxHandle.model_validate_json(handle.model_dump_json())
     assert reparsed == handle and reparsed.token == handle.token
     other = kind.make()
-    assert other.get_tree(reparsed, "/workspace/data") == {"x.txt": b"hello"}
+    assert other.get_tree(reparsed, "/workspace/data").files == {"x.txt": b"hello"}
     other.stop(reparsed)
     assert not kind.exists(handle)
 
@@ -369,7 +419,7 @@ def test_reap_removes_an_evaluations_forgotten_sandbox_and_spares_another_evalua
         assert forgotten.name in removed and other.name not in removed
         assert not kind.exists(forgotten)
         assert kind.exists(other)
-        assert backend.get_tree(other, "/workspace/output") == {}
+        assert backend.get_tree(other, "/workspace/output").files == {}
     finally:
         backend.stop(other)
         backend.reap(evaluation_id=other_evaluation)

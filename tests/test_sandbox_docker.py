@@ -96,9 +96,9 @@ def test_files_go_in_and_come_out(backend: DockerSandboxBackend, sandbox: Sandbo
         timeout_s=60,
     )
     assert execution.ok, output.items
-    files = backend.get_tree(sandbox, "/workspace/output")
+    files = backend.get_tree(sandbox, "/workspace/output").files
     assert files == {"out.csv": b"a,b\n1,2\n", "sub/t.txt": b"hi"}
-    assert backend.get_tree(sandbox, "/workspace/nothing-here") == {}
+    assert backend.get_tree(sandbox, "/workspace/nothing-here").files == {}
 
 
 def test_a_cell_past_its_timeout_is_interrupted(kernel: KernelClient) -> None:

@@ -5,9 +5,10 @@ Running cells is not the backend's job: every backend exposes a kernel gateway (
 ``token``) and ``executor.kernel.KernelClient`` talks to it, whatever the backend.
 """
 
+import bisect
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from services.sandbox import SandboxHandle
 
@@ -22,6 +23,13 @@ DEFAULT_PIDS = 512
 
 DEFAULT_READY_TIMEOUT_S = 60.0
 """How long a sandbox's kernel gateway may take to answer, unless ``PBE_SANDBOX_READY_TIMEOUT_S`` says otherwise."""
+
+DEFAULT_MAX_TREE_FILES = 1000
+"""The most entries (files, and empty folders) ``get_tree`` hands back from one folder; the rest are dropped."""
+
+DEFAULT_MAX_TREE_BYTES = 512 * 1024 * 1024
+"""The most bytes of files ``get_tree`` hands back from one folder (never more is held in memory); the rest
+are dropped."""
 
 
 @dataclass(frozen=True)
@@ -68,12 +76,21 @@ class SandboxBackend(ABC):
         """
 
     @abstractmethod
-    def get_tree(self, handle: SandboxHandle, path: str) -> dict[str, bytes]:
+    def get_tree(
+        self,
+        handle: SandboxHandle,
+        path: str,
+        *,
+        max_files: int = DEFAULT_MAX_TREE_FILES,
+        max_bytes: int = DEFAULT_MAX_TREE_BYTES,
+    ) -> "Tree":
         """Return the regular files under the sandbox folder ``path``, keyed by path relative to it, and each
-        folder under it that holds none of them as ``name/`` with empty content (an empty folder is a result:
-        "save the files to a folder ./output/140/").
+        folder under it that holds nothing as ``name/`` with empty content (an empty folder is a result:
+        "save the files to a folder ./output/140/"), at most ``max_files`` entries and ``max_bytes`` bytes:
+        entries are taken in name order until the next one would pass a cap, and the rest are dropped and
+        counted (see ``Tree`` and ``TreeCollector``: every backend keeps the same entries).
 
-        Symbolic links and special files are skipped. A missing folder gives an empty dict.
+        Symbolic links and special files are skipped. A missing folder gives an empty tree.
 
         Raises:
             SandboxUnavailableError: the sandbox is gone.
@@ -89,13 +106,128 @@ class SandboxBackend(ABC):
         ``older_than_s`` seconds ago, with everything they own; return their names."""
 
 
-def with_empty_folders(files: dict[str, bytes], folders: Iterable[str]) -> dict[str, bytes]:
-    """Add to ``files`` (relative names) each of ``folders`` (relative, without a trailing ``/``) that holds no
-    file or folder of them, as ``name/`` with empty content; return ``files``."""
-    names = list(files)
-    folders = [folder.strip("/") for folder in folders if folder.strip("/") not in ("", ".")]
-    occupied = {name.rsplit("/", 1)[0] for name in names + folders if "/" in name}
-    for folder in folders:
-        if folder not in occupied:
-            files[folder + "/"] = b""
-    return files
+@dataclass(frozen=True)
+class Tree:
+    """What ``get_tree`` collected from a folder: the entries kept, and how much the folder held."""
+
+    files: dict[str, bytes] = field(default_factory=dict)
+    """The entries kept, by relative name: files, and empty folders as ``name/`` with empty content."""
+    found_entries: int = 0
+    """How many entries (files and empty folders) the folder held, kept or not."""
+    found_bytes: int = 0
+    """How many bytes its files held, kept or not."""
+    first_dropped: str | None = None
+    """The first entry, in name order, that was not kept (it and every later one were dropped); None: none."""
+    max_files: int = DEFAULT_MAX_TREE_FILES
+    max_bytes: int = DEFAULT_MAX_TREE_BYTES
+
+    @property
+    def truncated(self) -> bool:
+        return self.first_dropped is not None
+
+    def note(self, where: str) -> str | None:
+        """A sentence for the trajectory saying what was kept of the folder ``where`` (``./output``) and what
+        was dropped; None when nothing was."""
+        if self.first_dropped is None:
+            return None
+        kept_bytes = sum(len(data) for data in self.files.values())
+        return (
+            f"{where} held {self.found_entries:,} entries ({_size(self.found_bytes)}); only {len(self.files):,} "
+            f"({_size(kept_bytes)}) were collected, the first in name order within the limits of "
+            f"{self.max_files:,} entries and {_size(self.max_bytes)}: {self.found_entries - len(self.files):,} "
+            f"were dropped, from {where}/{self.first_dropped} on, and were neither stored nor graded"
+        )
+
+
+def _size(count: int) -> str:
+    if count < 1024 * 1024:
+        return f"{count / 1024:.1f} KiB"
+    return f"{count / 2**20:.1f} MiB"
+
+
+class TreeCollector:
+    """Gathers a folder's entries, offered in any order (a walk, a tar stream), and keeps those of them that
+    come first in name order while they fit ``max_files`` entries and ``max_bytes`` bytes: the same entries
+    whatever the order of offering, so every backend hands back the same tree.
+
+    At most ``max_bytes`` of file data is held (plus the file being offered): a file that cannot be kept is
+    never read, and one that stops fitting when an earlier name arrives is let go.
+    """
+
+    def __init__(self, max_files: int = DEFAULT_MAX_TREE_FILES, max_bytes: int = DEFAULT_MAX_TREE_BYTES) -> None:
+        self.max_files = max_files
+        self.max_bytes = max_bytes
+        self._held: dict[str, bytes] = {}
+        self._names: list[str] = []
+        """The held names, sorted."""
+        self._held_bytes = 0
+        self._cut: str | None = None
+        """The first name known not to fit: it and every later name are dropped."""
+        self._folders: set[str] = set()
+        self._occupied: set[str] = set()
+        self._files = 0
+        self._bytes = 0
+
+    def _occupy(self, name: str) -> None:
+        parts = name.split("/")
+        for depth in range(1, len(parts)):
+            self._occupied.add("/".join(parts[:depth]))
+
+    def _drop_from(self, name: str) -> None:
+        """Let go of ``name`` and every later held name."""
+        self._cut = name if self._cut is None else min(self._cut, name)
+        while self._names and self._names[-1] >= self._cut:
+            self._held_bytes -= len(self._held.pop(self._names.pop()))
+
+    def add_file(self, name: str, size: int, read: Callable[[], bytes]) -> None:
+        """Offer the regular file ``name`` (relative, ``/``-separated) of ``size`` bytes; ``read`` is called
+        only if it may be kept (it may return more or fewer bytes than ``size``: what it returns counts)."""
+        self._files += 1
+        self._bytes += size
+        self._occupy(name)
+        if self._cut is not None and name >= self._cut:
+            return
+        later = bool(self._names) and name > self._names[-1]
+        if size > self.max_bytes or (
+            later and (len(self._names) >= self.max_files or self._held_bytes + size > self.max_bytes)
+        ):
+            self._drop_from(name)
+            return
+        data = read()
+        self._held[name] = data
+        bisect.insort(self._names, name)
+        self._held_bytes += len(data)
+        while len(self._names) > self.max_files or self._held_bytes > self.max_bytes:
+            self._drop_from(self._names[-1])
+
+    def add_folder(self, name: str) -> None:
+        """Offer the folder ``name`` (relative; ``""`` and ``.`` are the folder itself and ignored)."""
+        name = name.strip("/")
+        if name in ("", "."):
+            return
+        self._folders.add(name)
+        self._occupy(name)
+
+    def tree(self) -> Tree:
+        """The entries kept: the held files and the empty folders, in name order, while they fit the caps."""
+        empty = [folder + "/" for folder in self._folders if folder not in self._occupied]
+        cut = self._cut
+        kept: dict[str, bytes] = {}
+        total = 0
+        for name in sorted([*self._names, *empty]):
+            if cut is not None and name >= cut:
+                break
+            data = self._held.get(name, b"")
+            if len(kept) >= self.max_files or total + len(data) > self.max_bytes:
+                cut = name
+                break
+            kept[name] = data
+            total += len(data)
+        return Tree(
+            files=kept,
+            found_entries=self._files + len(empty),
+            found_bytes=self._bytes,
+            first_dropped=cut,
+            max_files=self.max_files,
+            max_bytes=self.max_bytes,
+        )

@@ -14,6 +14,7 @@ workspace volume, its confining helper and the network carry the project label a
 """
 
 import contextlib
+import functools
 import io
 import secrets
 import socket
@@ -27,7 +28,14 @@ import docker.errors
 import httpx
 import requests
 
-from executor.sandboxes.base import SandboxBackend, SandboxSpec, with_empty_folders
+from executor.sandboxes.base import (
+    DEFAULT_MAX_TREE_BYTES,
+    DEFAULT_MAX_TREE_FILES,
+    SandboxBackend,
+    SandboxSpec,
+    Tree,
+    TreeCollector,
+)
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
 from services.sandbox import (
     EVALUATION_LABEL,
@@ -44,9 +52,6 @@ from services.sandbox import (
 
 DEFAULT_GATEWAY_PORT = 8888
 """The port the kernel gateway listens on inside the container."""
-
-DEFAULT_MAX_TREE_BYTES = 512 * 1024 * 1024
-"""The most a sandbox may hand back from one folder; a larger output is refused, not read into memory."""
 
 SANDBOX_UID = 1000
 """The unprivileged user the sandbox image runs as; files copied in belong to it."""
@@ -277,37 +282,40 @@ class DockerSandboxBackend(SandboxBackend):
         if not ok:
             raise SandboxUnavailableError(f"sandbox {handle.name} refused {dest}")
 
-    def get_tree(self, handle: SandboxHandle, path: str) -> dict[str, bytes]:
+    def get_tree(
+        self,
+        handle: SandboxHandle,
+        path: str,
+        *,
+        max_files: int = DEFAULT_MAX_TREE_FILES,
+        max_bytes: int = DEFAULT_MAX_TREE_BYTES,
+    ) -> Tree:
+        """Stream the folder out of the container as a tar archive, keeping what ``TreeCollector`` keeps (the
+        rest of the archive is read through, never held).
+
+        Raises:
+            SandboxUnavailableError: the sandbox is gone, or the engine failed or sent a broken archive.
+        """
         container = self._container(handle)
         try:
             stream, stat = container.get_archive(path)
         except docker.errors.NotFound:
-            return {}
-        except (docker.errors.DockerException, requests.RequestException) as exc:
+            return Tree(max_files=max_files, max_bytes=max_bytes)
+        except _DOCKER_ERRORS as exc:
             raise SandboxUnavailableError(f"cannot read {path} from sandbox {handle.name}: {exc}") from exc
-        buffer = io.BytesIO()
-        for chunk in stream:
-            buffer.write(chunk)
-            if buffer.tell() > DEFAULT_MAX_TREE_BYTES + 1024 * 1024:
-                raise SandboxUnavailableError(
-                    f"sandbox {handle.name} produced more than {DEFAULT_MAX_TREE_BYTES // 2**20} MiB under {path}"
-                )
-        buffer.seek(0)
         root = stat["name"]
-        files: dict[str, bytes] = {}
-        folders: list[str] = []
-        with tarfile.open(fileobj=buffer, mode="r") as tar:
-            for member in tar:
-                relative = member.name[len(root) :].lstrip("/") if member.name.startswith(root) else member.name
-                if member.isdir():
-                    folders.append(relative)
-                    continue
-                if not member.isreg():
-                    continue
-                extracted = tar.extractfile(member)
-                if relative and extracted is not None:
-                    files[relative] = extracted.read()
-        return with_empty_folders(files, folders)
+        collector = TreeCollector(max_files, max_bytes)
+        try:
+            with tarfile.open(fileobj=_ChunkReader(stream), mode="r|") as tar:
+                for member in tar:
+                    relative = member.name[len(root) :].lstrip("/") if member.name.startswith(root) else member.name
+                    if member.isdir():
+                        collector.add_folder(relative)
+                    elif member.isreg() and relative:
+                        collector.add_file(relative, member.size, functools.partial(_read_member, tar, member))
+        except (*_DOCKER_ERRORS, tarfile.TarError, OSError) as exc:
+            raise SandboxUnavailableError(f"cannot read {path} from sandbox {handle.name}: {exc}") from exc
+        return collector.tree()
 
     def _remove_volume(self, name: str) -> None:
         with contextlib.suppress(*_DOCKER_ERRORS):  # gone already, or the reaper removes it later
@@ -342,3 +350,30 @@ class DockerSandboxBackend(SandboxBackend):
                 self._remove_volume(volume.name)
                 removed.append(volume.name)
         return removed
+
+
+class _ChunkReader(io.RawIOBase):
+    """A readable file over the chunks the engine streams, so a tar archive is read as it arrives."""
+
+    def __init__(self, chunks: Any) -> None:
+        self._chunks = iter(chunks)
+        self._pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._pending = memoryview(chunk)
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+
+def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    extracted = tar.extractfile(member)
+    return extracted.read() if extracted is not None else b""

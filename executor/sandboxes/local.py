@@ -64,7 +64,14 @@ from typing import Any
 import httpx
 import psutil
 
-from executor.sandboxes.base import SandboxBackend, SandboxSpec, with_empty_folders
+from executor.sandboxes.base import (
+    DEFAULT_MAX_TREE_BYTES,
+    DEFAULT_MAX_TREE_FILES,
+    SandboxBackend,
+    SandboxSpec,
+    Tree,
+    TreeCollector,
+)
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
 from services.sandbox import EVALUATION_LABEL, WORKSPACE, SandboxHandle, sandbox_labels, sandbox_name
 
@@ -79,9 +86,6 @@ DEFAULT_GATEWAY_COMMAND = (sys.executable, "-m", "kernel_gateway")
 
 DEFAULT_STOP_GRACE_S = 5.0
 """How long ``stop`` lets the gateway shut its kernels down after SIGTERM before everything gets SIGKILL."""
-
-DEFAULT_MAX_TREE_BYTES = 512 * 1024 * 1024
-"""The most a sandbox may hand back from one folder (as the docker backend): a larger output is refused."""
 
 _LOG_TAIL_CHARS = 2000
 _CONFIG_FAILED = b"Exception while loading config file"
@@ -300,46 +304,43 @@ class LocalSandboxBackend(SandboxBackend):
             self._layout(handle)  # gone meanwhile: say so
             raise SandboxUnavailableError(f"cannot write {dest} into sandbox {handle.name}: {exc}") from exc
 
-    def get_tree(self, handle: SandboxHandle, path: str) -> dict[str, bytes]:
+    def get_tree(
+        self,
+        handle: SandboxHandle,
+        path: str,
+        *,
+        max_files: int = DEFAULT_MAX_TREE_FILES,
+        max_bytes: int = DEFAULT_MAX_TREE_BYTES,
+    ) -> Tree:
         """Return the regular files under the sandbox folder ``path`` (``/workspace/...``), keyed by path
-        relative to it with ``/``, and each folder that holds none of them as ``name/`` (empty content).
+        relative to it with ``/``, and each folder that holds nothing as ``name/`` (empty content), within
+        ``max_files`` entries and ``max_bytes`` bytes (``TreeCollector``: a file that is not kept is not read).
         Symbolic links (to files or folders) and special files are skipped; a missing folder, or one reached
-        through a link, gives an empty dict.
+        through a link, gives an empty tree.
 
         Raises:
             SandboxError: ``path`` is not under ``/workspace`` or climbs out with ``..``.
-            SandboxUnavailableError: the sandbox is gone, or it holds more than ``DEFAULT_MAX_TREE_BYTES``
-                under ``path``.
+            SandboxUnavailableError: the sandbox is gone.
         """
         layout = self._layout(handle)
         parts = _workspace_parts(path)
-        files: dict[str, bytes] = {}
-        folders: list[str] = []
-        total = 0
+        collector = TreeCollector(max_files, max_bytes)
         try:
             top_fd = _open_folder(layout.workspace, parts, create=False)
             if top_fd is None:
-                return {}
+                return Tree(max_files=max_files, max_bytes=max_bytes)
             try:
                 for folder, _dirs, names, folder_fd in os.fwalk(".", dir_fd=top_fd, follow_symlinks=False):
-                    folders.append(os.path.normpath(folder).replace(os.sep, "/"))
+                    collector.add_folder(os.path.normpath(folder).replace(os.sep, "/"))
                     for name in names:
-                        data = _read_regular(name, folder_fd, DEFAULT_MAX_TREE_BYTES - total)
-                        if data is None:
-                            continue
-                        total += len(data)
                         relative = os.path.normpath(os.path.join(folder, name)).replace(os.sep, "/")
-                        files[relative] = data
+                        _offer_regular(collector, relative, name, folder_fd, max_bytes)
             finally:
                 os.close(top_fd)
-        except _TooLarge:
-            raise SandboxUnavailableError(
-                f"sandbox {handle.name} holds more than {DEFAULT_MAX_TREE_BYTES // 2**20} MiB under {path}"
-            ) from None
         except OSError as exc:
             self._layout(handle)  # gone meanwhile: say so
             raise SandboxUnavailableError(f"cannot read {path} from sandbox {handle.name}: {exc}") from exc
-        return with_empty_folders(files, folders)
+        return collector.tree()
 
     def stop(self, handle: SandboxHandle) -> None:
         """Kill the sandbox's processes and remove its folder. Never raises for a sandbox already gone."""
@@ -393,10 +394,6 @@ class LocalSandboxBackend(SandboxBackend):
         _remove(layout.meta)
         with contextlib.suppress(OSError):
             layout.folder.rmdir()
-
-
-class _TooLarge(Exception):
-    pass
 
 
 def _prune_children() -> None:
@@ -542,26 +539,17 @@ def _open_folder(workspace: Path, parts: list[str], *, create: bool) -> int | No
     return fd
 
 
-def _read_regular(name: str, folder_fd: int, budget: int) -> bytes | None:
-    """The bytes of the regular file ``name`` in the folder, or None if it is a link, a special file or gone.
-
-    Raises:
-        _TooLarge: the file is larger than ``budget`` bytes.
-    """
+def _offer_regular(collector: TreeCollector, relative: str, name: str, folder_fd: int, max_bytes: int) -> None:
+    """Offer the file ``name`` of the folder to ``collector`` if it is a regular file (links, special files and
+    files gone meanwhile are skipped); it is read, at most ``max_bytes + 1`` bytes, only if it may be kept."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder_fd)
     except OSError:  # a link (ELOOP), a FIFO without writer, gone meanwhile
-        return None
+        return
     with os.fdopen(fd, "rb") as file:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return None
-        if info.st_size > budget:
-            raise _TooLarge
-        data = file.read(budget + 1)
-    if len(data) > budget:
-        raise _TooLarge
-    return data
+        if stat.S_ISREG(info.st_mode):
+            collector.add_file(relative, info.st_size, lambda: file.read(max_bytes + 1))
 
 
 def _remove(path: Path) -> None:
