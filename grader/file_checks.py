@@ -252,36 +252,81 @@ def csv_sorted_by(check: dict[str, Any], root: Path) -> Outcome:
 
 _PICKLE_LOADER = """\
 import pickle, sys
-suffix = ""
+path, how, data = sys.argv[1], sys.argv[2], sys.argv[3:]
+suffix, loaded, unpickled = "", None, False
 try:
-    with open(sys.argv[1], "rb") as file:
-        loaded = pickle.load(file)
+    with open(path, "rb") as file:
+        loaded, unpickled = pickle.load(file), True
 except Exception:
-    if sys.argv[2:] != ["joblib"]:
+    if how != "joblib":
         raise
+if how == "joblib" and (not unpickled or (data and not callable(getattr(loaded, "predict", None)))):
+    # An uncompressed joblib.dump unpickles to its first numpy array: joblib.load gives the object.
     import joblib
-    loaded = joblib.load(sys.argv[1])
-    suffix = " with joblib.load"
-print("\\nloaded a " + type(loaded).__module__ + "." + type(loaded).__qualname__ + suffix)
+    try:
+        candidate = joblib.load(path)
+    except Exception:
+        if not unpickled:
+            raise
+    else:
+        if not unpickled or callable(getattr(candidate, "predict", None)):
+            loaded, suffix = candidate, " with joblib.load"
+print("\\nloaded a " + type(loaded).__module__ + "." + type(loaded).__qualname__ + suffix, flush=True)
+if not data:
+    sys.exit(0)
+if not callable(getattr(loaded, "predict", None)):
+    print("\\nnot a fitted model: it has no predict method")
+    sys.exit(3)
+import numpy as np
+import pandas as pd
+table = data[0]
+frame = pd.read_excel(table) if table.lower().endswith(EXCEL_SUFFIXES) else pd.read_csv(table)
+names = getattr(loaded, "feature_names_in_", None)
+count = getattr(loaded, "n_features_in_", None)
+if names is not None:
+    names = [str(name) for name in names]
+    missing = [name for name in names if name not in frame.columns]
+    features = frame.reindex(columns=names)
+    features[missing] = 0
+    source = f"its {len(names)} feature_names_in_ columns"
+    source += f" ({len(missing)} not in the data, as zeros: {missing[:3]})" if missing else ""
+elif isinstance(count, int) and not isinstance(count, bool):
+    numeric = frame.select_dtypes("number").iloc[:, :count]
+    features = numeric.copy()
+    for pad in range(count - numeric.shape[1]):
+        features[f"zeros {pad}"] = 0
+    source = f"the first {count} numeric columns (n_features_in_)"
+    if numeric.shape[1] < count:
+        source += f", {count - numeric.shape[1]} of them zeros: the data has only {numeric.shape[1]}"
+else:
+    features = frame.select_dtypes("number")
+    source = f"the {features.shape[1]} numeric columns (it names no features: fitted?)"
+rows = features.dropna().head(PREDICT_ROWS)
+if rows.empty:
+    rows = features.head(PREDICT_ROWS)
+try:
+    predicted = loaded.predict(rows if names is not None else rows.to_numpy())
+    length = len(predicted)
+except Exception as exc:
+    print(f"\\nnot a fitted model: predict on {source} raised {type(exc).__name__}: {exc}")
+    sys.exit(3)
+if length != len(rows):
+    print(f"\\nnot a fitted model: predict gave {length} answers for {len(rows)} rows")
+    sys.exit(3)
+print(f"\\npredicted {len(rows)} rows of {table.rsplit('/', 1)[-1]} from {source}")
 """
 
+PREDICT_ROWS = 20
+"""How many rows of the task's data ``model_predicts`` asks the model to predict."""
 
-def pickle_loads(check: dict[str, Any], root: Path) -> Outcome:
-    """``pickle.load`` of the file at ``path`` succeeds (with the libraries of this image: a model of a library
-    the image lacks, e.g. keras, fails). A ``joblib.dump`` with numpy arrays is not a plain pickle and fails,
-    as it does in PyBench's test, unless ``joblib`` is true: then ``joblib.load`` is tried after ``pickle.load``.
 
-    Loading runs the pickle's code, so it happens in a child interpreter of its own (isolated mode, no handle
-    on this process's output): the code cannot rewrite the other checks' results. Its time counts against
-    the sandbox's time limit.
-    """
-    path = _file(check, root)
-    with_joblib = check.get("joblib", False)
-    if not isinstance(with_joblib, bool):
-        raise MalformedCheck(f"pickle_loads: 'joblib' must be true or false, got {with_joblib!r}")
+def _load_pickle(path: Path, root: Path, with_joblib: bool, data: Path | None = None) -> tuple[int, list[str]]:
+    """Run ``_PICKLE_LOADER`` on ``path`` in a child interpreter; return its exit code and its output's last lines."""
+    script = _PICKLE_LOADER.replace("EXCEL_SUFFIXES", repr(EXCEL_SUFFIXES)).replace("PREDICT_ROWS", str(PREDICT_ROWS))
+    how = "joblib" if with_joblib else "pickle"
     with tempfile.TemporaryFile() as log:
         finished = subprocess.run(
-            [sys.executable, "-I", "-B", "-u", "-c", _PICKLE_LOADER, str(path), *(["joblib"] if with_joblib else [])],
+            [sys.executable, "-I", "-B", "-u", "-c", script, str(path), how, *([str(data)] if data else [])],
             cwd=root,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -290,14 +335,74 @@ def pickle_loads(check: dict[str, Any], root: Path) -> Outcome:
         )
         log.seek(max(0, log.seek(0, os.SEEK_END) - 4096))
         lines = [line.strip() for line in log.read().decode(errors="replace").splitlines() if line.strip()]
-    code = finished.returncode
+    return finished.returncode, lines
+
+
+def _joblib_param(check: dict[str, Any]) -> bool:
+    with_joblib = check.get("joblib", False)
+    if not isinstance(with_joblib, bool):
+        raise MalformedCheck(f"{check.get('kind')}: 'joblib' must be true or false, got {with_joblib!r}")
+    return with_joblib
+
+
+def _load_failed(code: int, lines: list[str], with_joblib: bool) -> str:
     how = "pickle.load and joblib.load" if with_joblib else "pickle.load"
-    if code == 0 and lines and lines[-1].startswith("loaded a "):
-        return True, lines[-1]
     if code < 0:
         cause = " (out of memory?)" if code == -9 else ""
-        return False, f"{how} failed: the loading process was killed by signal {-code}{cause}"
-    return False, f"{how} failed: {lines[-1] if lines else f'exit code {code}'}"
+        return f"{how} failed: the loading process was killed by signal {-code}{cause}"
+    return f"{how} failed: {lines[-1] if lines else f'exit code {code}'}"
+
+
+def pickle_loads(check: dict[str, Any], root: Path) -> Outcome:
+    """``pickle.load`` of the file at ``path`` succeeds (with the libraries of this image: a model of a library
+    the image lacks, e.g. keras, fails). A ``joblib.dump`` with numpy arrays is not a plain pickle and fails,
+    as it does in PyBench's test, unless ``joblib`` is true: then ``joblib.load`` is tried after ``pickle.load``.
+    Whatever it loads passes (PyBench's test asks no more), even an ``int`` a pickle's code returned; the
+    detail names the type.
+
+    Loading runs the pickle's code, so it happens in a child interpreter of its own (isolated mode, no handle
+    on this process's output): the code cannot rewrite the other checks' results. Its time counts against
+    the sandbox's time limit.
+    """
+    path = _file(check, root)
+    with_joblib = _joblib_param(check)
+    code, lines = _load_pickle(path, root, with_joblib)
+    if code == 0 and lines and lines[-1].startswith("loaded a "):
+        return True, lines[-1]
+    return False, _load_failed(code, lines, with_joblib)
+
+
+def model_predicts(check: dict[str, Any], root: Path) -> Outcome:
+    """The file at ``path`` loads as in ``pickle_loads`` (with ``joblib``, ``joblib.load`` is also tried when
+    ``pickle.load`` gives no model: an uncompressed ``joblib.dump`` unpickles to a numpy array) into a fitted
+    model: an object
+    with a ``predict`` method that answers one prediction per row for up to ``PREDICT_ROWS`` rows of the table
+    ``data`` (the task's input, CSV or Excel by suffix), without raising.
+
+    The features are chosen as a fitted scikit-learn estimator tells: the columns of ``feature_names_in_`` (a
+    DataFrame, so a pipeline does its own preprocessing; a column the data lacks, such as an engineered one, is
+    zeros), else the first ``n_features_in_`` numeric columns (an array; zeros where the data has fewer), else
+    every numeric column; rows with a missing value are skipped while others remain. An unfitted estimator
+    fails (``predict`` raises), as does anything without ``predict`` (the ``int`` a pickle's code returned).
+    The detail names the loaded type and what was predicted on.
+
+    Loading and predicting run in the child interpreter of ``pickle_loads``: a pickle's code can fake a model
+    there (it runs in that process), but never another check's result.
+    """
+    path = _file(check, root)
+    with_joblib = _joblib_param(check)
+    data = resolve(root, check.get("data"), "data")
+    if not data.is_file():
+        raise CheckFailed(f"the task's input {check.get('data')} is missing from the grading sandbox")
+    code, lines = _load_pickle(path, root, with_joblib, data)
+    loaded = next((line for line in reversed(lines) if line.startswith("loaded a ")), None)
+    if loaded is None:
+        return False, _load_failed(code, lines, with_joblib)
+    if code == 0 and lines[-1].startswith("predicted "):
+        return True, f"{loaded}: {lines[-1]}"
+    if code < 0:
+        return False, f"{loaded}: the predicting process was killed by signal {-code}"
+    return False, f"{loaded}: {lines[-1] if lines[-1] != loaded else f'exit code {code}'}"
 
 
 # -- images (PIL, numpy, cv2) --------------------------------------------------------------------------------
@@ -576,6 +681,7 @@ KINDS: dict[str, Callable[[dict[str, Any], Path], Outcome]] = {
     "csv_rows": csv_rows,
     "csv_sorted_by": csv_sorted_by,
     "pickle_loads": pickle_loads,
+    "model_predicts": model_predicts,
     "image_stat_vs_input": image_stat_vs_input,
     "image_size": image_size,
     "image_square": image_square,

@@ -9,6 +9,7 @@ network probes aim at loopback inside the sandbox and at this machine's own Dock
 
 import ipaddress
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -101,6 +102,31 @@ def joblib_dump(name, **options):
 
 joblib_dump("output/joblib_model.pkl")
 joblib_dump("output/joblib_zipped.pkl", compress=3)
+
+# A task's table (numbers and a label), and models of it: fitted on the frame, on an array, in a pipeline that
+# encodes a text column itself, and one never fitted.
+from sklearn.compose import make_column_transformer
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import OneHotEncoder
+rng = np.random.default_rng(3)
+measures = ["sepal_length", "sepal_width", "petal_length", "petal_width"]
+flowers = pd.DataFrame(rng.normal(5, 1, (30, 4)).round(2), columns=measures)
+flowers["colour"] = ["red", "blue", "white"] * 10
+flowers["species"] = ["setosa", "virginica"] * 15
+flowers.loc[3, "petal_width"] = None
+files["data/flowers.csv"] = flowers.to_csv(index=False).encode()
+clean = flowers.dropna()
+numbers = clean.drop(columns=["colour", "species"])
+forest = RandomForestClassifier(n_estimators=3, random_state=0).fit(numbers, clean["species"])
+files["output/fitted_forest.pkl"] = pickle.dumps(forest)
+on_array = LinearRegression().fit(numbers.to_numpy()[:, :2], clean["petal_length"].to_numpy())
+files["output/fitted_array.pkl"] = pickle.dumps(on_array)
+encode = make_column_transformer((OneHotEncoder(handle_unknown="ignore"), ["colour"]), remainder="passthrough")
+pipeline = make_pipeline(encode, LogisticRegression(max_iter=500))
+pipeline.fit(clean.drop(columns=["species"]), clean["species"])
+files["output/fitted_pipeline.pkl"] = pickle.dumps(pipeline)
+files["output/unfitted_forest.pkl"] = pickle.dumps(RandomForestClassifier())
 
 def wav(name, amplitude):
     t = np.arange(8000) / 8000
@@ -240,6 +266,7 @@ def suite_cases() -> list[tuple[bool | None, dict[str, Any]]]:
     mp3 = {"ref": "./data/tone.mp3", "measure": "dbfs"}
     gain = {"ref": "./data/tone.mp3", "tag": "TXXX:replaygain_track_gain"}
     length = {"measure": "mutagen_mp3_length"}
+    flowers = {"data": "./data/flowers.csv"}
 
     def undone(expected: bool, path: str, inverse: str) -> tuple[bool | None, dict[str, Any]]:
         similar = {"ref": "./data/noise.png", "min_similar_fraction": 0.4, "per_channel_tolerance": 0.5}
@@ -278,6 +305,17 @@ def suite_cases() -> list[tuple[bool | None, dict[str, Any]]]:
         case(True, "pickle_loads", path="./output/model.pkl", joblib=True),
         case(False, "pickle_loads", path="./output/model.txt", joblib=True),
         case(False, "pickle_loads", path="./output/memory_hog.pkl"),
+        case(True, "pickle_loads", path="./output/getpid.pkl"),  # an int: PyBench's test asks no more
+        case(True, "model_predicts", path="./output/fitted_forest.pkl", **flowers),
+        case(True, "model_predicts", path="./output/fitted_array.pkl", **flowers),
+        case(True, "model_predicts", path="./output/fitted_pipeline.pkl", **flowers),
+        case(True, "model_predicts", path="./output/joblib_zipped.pkl", joblib=True, **flowers),
+        case(False, "model_predicts", path="./output/joblib_zipped.pkl", **flowers),  # joblib not allowed
+        case(False, "model_predicts", path="./output/getpid.pkl", joblib=True, **flowers),
+        case(False, "model_predicts", path="./output/unfitted_forest.pkl", **flowers),
+        case(False, "model_predicts", path="./output/plain.pkl", **flowers),
+        case(False, "model_predicts", path="./output/model.txt", **flowers),
+        case(False, "model_predicts", path="./output/fitted_forest.pkl", data="./data/no-such.csv"),
         case(True, "image_size", path="./output/224.png", width=224, height=224),
         case(False, "image_size", path="./output/wide.png", width=224, height=224),
         case(True, "image_square", path="./output/224.png"),
@@ -347,6 +385,7 @@ def graded(engine: Any) -> tuple[list[tuple[bool | None, dict[str, Any]]], list[
     files["output/network_probe.pkl"] = pickle.dumps(Reduce(exec, network_probe(bridge)))
     files["output/forger.pkl"] = pickle.dumps(Reduce(exec, FORGER))
     files["output/memory_hog.pkl"] = pickle.dumps(Reduce(eval, "b'x' * (3 << 30)"))
+    files["output/getpid.pkl"] = pickle.dumps(Reduce(os.getpid))  # runs a command, unpickles to an int
     files["../escaped.csv"] = b"a\n1\n"
     cases = suite_cases()
     started = time.monotonic()
@@ -424,6 +463,33 @@ def test_pickles_load_with_the_sandbox_libraries_and_without_network_or_reach(gr
     )
     hog = detail(graded, "pickle_loads", path="./output/memory_hog.pkl")
     assert hog.endswith("killed by signal 9 (out of memory?)")
+
+
+def test_a_saved_model_must_predict_on_the_tasks_data_and_the_detail_names_what_was_loaded(graded: Any) -> None:
+    flowers = "./data/flowers.csv"
+    assert detail(graded, "pickle_loads", path="./output/getpid.pkl") == "loaded a builtins.int"
+    assert detail(graded, "model_predicts", path="./output/getpid.pkl") == (
+        "loaded a builtins.int: not a fitted model: it has no predict method"
+    )
+    forest = detail(graded, "model_predicts", path="./output/fitted_forest.pkl", data=flowers)
+    assert forest == (
+        "loaded a sklearn.ensemble._forest.RandomForestClassifier: predicted 20 rows of flowers.csv from its 4 "
+        "feature_names_in_ columns"
+    )
+    array = detail(graded, "model_predicts", path="./output/fitted_array.pkl")
+    assert array.endswith("predicted 20 rows of flowers.csv from the first 2 numeric columns (n_features_in_)")
+    assert detail(graded, "model_predicts", path="./output/fitted_pipeline.pkl").startswith(
+        "loaded a sklearn.pipeline.Pipeline: predicted 20 rows"
+    )
+    unfitted = detail(graded, "model_predicts", path="./output/unfitted_forest.pkl")
+    assert unfitted.startswith("loaded a sklearn.ensemble._forest.RandomForestClassifier: not a fitted model: ")
+    assert "NotFittedError" in unfitted
+    assert detail(graded, "model_predicts", path="./output/plain.pkl") == (
+        "loaded a builtins.dict: not a fitted model: it has no predict method"
+    )
+    assert detail(graded, "model_predicts", data="./data/no-such.csv") == (
+        "the task's input ./data/no-such.csv is missing from the grading sandbox"
+    )
 
 
 def test_the_suite_and_its_fixed_grading_name_only_known_kinds_with_well_formed_parameters(suite_path: Path) -> None:

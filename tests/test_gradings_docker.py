@@ -5,6 +5,8 @@ Each session is a recorded trajectory of the suite's ``trajectory.jsonl`` with t
 produces, made by a script in a container of the sandbox image from the suite's own inputs.
 """
 
+import os
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,13 +52,36 @@ keep("99/99.png", lambda b: Image.fromarray(noisy).save(b, format="PNG"))
 song = AudioSegment.from_file("/suite/data/Ghostrifter Official - Serenity.mp3")[:20000]
 keep("146/146.mp3", lambda b: (song + 1).export(b, format="mp3"))
 keep("149/149.mp3", lambda b: (song - 120).export(b, format="mp3"))
+import joblib, pickle
+from sklearn.compose import make_column_transformer
+from sklearn.ensemble import RandomForestClassifier
+from sklearn.linear_model import Ridge
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import OneHotEncoder
+from sklearn.svm import SVR
+iris = pd.read_csv("/suite/data/IRIS.csv")
+forest = RandomForestClassifier(n_estimators=10, random_state=0).fit(iris.drop(columns="species"), iris["species"])
+keep("40/40.pkl", lambda b: pickle.dump(forest, b))
+oranges = pd.read_csv("/suite/data/Classify_Orange Quality Data.csv")
+texts = [c for c in oranges.columns if oranges[c].dtype == object]
+encode = make_column_transformer((OneHotEncoder(handle_unknown="ignore"), texts), remainder="passthrough")
+quality = make_pipeline(encode, RandomForestClassifier(n_estimators=10, random_state=0))
+quality.fit(oranges.drop(columns="Quality (1-5)"), oranges["Quality (1-5)"].astype(str))
+keep("47/47.pkl", lambda b: joblib.dump(quality, b))
+weather = pd.read_excel("/suite/data/Farm_Weather_Data.xlsx").select_dtypes("number").dropna()
+ridge = Ridge().fit(weather.iloc[:, :-1].to_numpy(), weather.iloc[:, -1].to_numpy())
+keep("50/50.pkl", lambda b: pickle.dump(ridge, b))
+google = pd.read_csv("/suite/data/Google.csv")
+svm = SVR().fit(google[["Open", "High", "Low"]].to_numpy()[:500], google["Close"].to_numpy()[:500])
+keep("51/51.pkl", lambda b: pickle.dump(svm, b))
 archive = io.BytesIO()
 with tarfile.open(fileobj=archive, mode="w") as tar:
     for name, data in out.items():
         info = tarfile.TarInfo(name); info.size = len(data); tar.addfile(info, io.BytesIO(data))
 sys.stdout.write(base64.b64encode(archive.getvalue()).decode())
 """
-"""Writes what a correct solution of tasks 11, 20, 99, 146 and 149 saves (task 63 saves nothing here)."""
+"""Writes what a correct solution of tasks 11, 20, 40, 47, 50, 51, 99, 146 and 149 saves (task 63 saves nothing
+here); the models are scikit-learn's, fitted on a frame (40), in a pipeline saved with joblib (47), on arrays."""
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +121,10 @@ def recorded(suite_path: Path, index: int) -> Trajectory:
         (99, VerdictStatus.FAILED, VerdictStatus.PASSED),  # noise raises the Laplacian variance
         (146, VerdictStatus.FAILED, VerdictStatus.PASSED),  # the test reads a .wav the query never asked for
         (149, VerdictStatus.FAILED, VerdictStatus.PASSED),  # ReplayGain tags nobody writes
+        (40, VerdictStatus.PASSED, VerdictStatus.PASSED),  # a fitted model, plainly pickled
+        (47, VerdictStatus.PASSED, VerdictStatus.PASSED),  # joblib.dump: pickle.load gives its first array
+        (50, VerdictStatus.PASSED, VerdictStatus.PASSED),
+        (51, VerdictStatus.PASSED, VerdictStatus.PASSED),
     ],
 )
 def test_recorded_sessions_differ_between_the_gradings_exactly_where_the_benchmark_is_broken(
@@ -111,3 +140,33 @@ def test_recorded_sessions_differ_between_the_gradings_exactly_where_the_benchma
     verdict = grade(task, recorded(suite_path, index), produced, run)
     assert verdict.fixed is not None
     assert (verdict.status, verdict.fixed.status) == (original, fixed), (verdict.reason, verdict.fixed.reason)
+
+
+class Reduce:
+    """Pickles as a call of ``function(*args)``: what a pickle whose ``__reduce__`` runs a command loads to."""
+
+    def __init__(self, function: Any, *args: Any) -> None:
+        self.function, self.args = function, args
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return self.function, self.args
+
+
+@pytest.mark.parametrize("index", [40, 41, 47, 48, 49, 50, 51])
+def test_a_pickle_that_runs_a_command_passes_the_original_grading_only_and_the_fixed_one_says_it_loaded_an_int(
+    suite: Suite, suite_path: Path, tmp_path: Path, index: int
+) -> None:
+    """PyBench's test only unpickles the saved model, so ``original`` passes whatever loads; ``fixed`` wants a
+    fitted model that predicts on the task's data, and says what it got instead (``os.getpid`` returns an int)."""
+    (tmp_path / f"{index}.pkl").write_bytes(pickle.dumps(Reduce(os.getpid)))
+
+    def run(checks: list[dict[str, Any]]) -> list[CheckResult]:
+        return run_file_checks(checks, session_files.gather(tmp_path, suite, checks), image=IMAGE, timeout_s=120)
+
+    verdict = grade(suite.task(index), recorded(suite_path, index), [f"./output/{index}.pkl"], run)
+    assert verdict.fixed is not None
+    assert (verdict.status, verdict.fixed.status) == (VerdictStatus.PASSED, VerdictStatus.FAILED)
+    assert [c.detail for c in verdict.checks] == ["loaded a builtins.int"]
+    assert [c.detail for c in verdict.fixed.checks] == [
+        "loaded a builtins.int: not a fitted model: it has no predict method"
+    ]
