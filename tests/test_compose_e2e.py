@@ -11,8 +11,11 @@ import docker
 import pytest
 
 from executor.messages import INTERPRETER_PREFIX, opening_messages
+from executor.pool import POOL_EVALUATION
 from gateway.client import GatewayClient, GatewayError
+from services.sandbox import EVALUATION_LABEL, GRADING_ROLE, ROLE_LABEL, SANDBOX_ROLE
 from services.suite import load_suite
+from tests.fixtures import sandbox_objects
 from tests.servers import free_port
 
 pytestmark = [pytest.mark.compose, pytest.mark.docker, pytest.mark.slow]
@@ -24,6 +27,9 @@ TASKS = [13, 30, 44, 77, 79, 134]
 Task 79's check (image_size) opens the produced image: it runs in a grading sandbox started by the grader."""
 
 RUN = [t for t in TASKS if t != 13]
+
+EXECUTORS = 2
+"""Executor replicas in the stack; each keeps one warm sandbox ready."""
 
 ADMIN_KEY = "pbe-e2e-admin-" + secrets.token_urlsafe(16)
 
@@ -43,9 +49,10 @@ def gateway(suite_path: Path) -> Iterator[GatewayClient]:
         "PBE_GATEWAY_PORT": str(port),
         "PBE_SUITE_DIR": str(suite_path.resolve()),
         "DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid),
-        "PBE_EXECUTORS": "2",
+        "PBE_EXECUTORS": str(EXECUTORS),
         "PBE_ADMIN_KEY": ADMIN_KEY,
     }
+    before = sandbox_objects()
     up = compose(env, "up", "-d", "--no-build", "--wait", "--wait-timeout", "180")
     try:
         assert up.returncode == 0, up.stderr + compose(env, "logs", "--tail", "50").stdout
@@ -57,19 +64,16 @@ def gateway(suite_path: Path) -> Iterator[GatewayClient]:
         (ROOT / "var").mkdir(exist_ok=True)
         (ROOT / "var" / "e2e-compose.log").write_text(logs.stdout + logs.stderr)
         compose(env, "down", "-v", "--remove-orphans")
-        # The executors' warm sandboxes go with them.
-        engine = docker.from_env()
-        left = [
-            container.name
-            for container in engine.containers.list(all=True, filters={"label": "pybench-eval.role=sandbox"})
-            if f"{STACK}-sandboxes" in container.attrs["NetworkSettings"]["Networks"]
-        ]
-        assert left == [], f"sandboxes left after the stack stopped: {left}"
+        # The executors' warm sandboxes go with them: no sandbox object of the project (any role, any evaluation
+        # label, warm-pool included) is left that was not there before the stack started.
+        left = {key: labels for key, labels in sandbox_objects().items() if key not in before}
+        assert left == {}, f"sandbox containers or volumes left after the stack stopped: {left}"
 
 
 def test_tasks_submitted_over_rest_run_each_in_its_own_sandbox_and_are_graded(
     gateway: GatewayClient, suite_path: Path
 ) -> None:
+    before = sandbox_objects()
     view = gateway.submit(
         {
             "model": {"base_url": "http://replay:8000/v1", "model": "pybench-replay"},
@@ -96,7 +100,7 @@ def test_tasks_submitted_over_rest_run_each_in_its_own_sandbox_and_are_graded(
     assert results["metrics"]["passed"] == 5
 
     suite = load_suite(suite_path)
-    sandboxes = set()
+    sandboxes, names = set(), set()
     for index in RUN:
         trajectory = gateway.trajectory(evaluation_id, index)
         opening = [m.model_dump() for m in opening_messages(suite.system_prompt("gpt"), suite.task(index))]
@@ -105,12 +109,32 @@ def test_tasks_submitted_over_rest_run_each_in_its_own_sandbox_and_are_graded(
             assert message["role"] == "assistant" or message["content"].startswith(INTERPRETER_PREFIX)
         assert trajectory["end_reason"] == "no_code"
         sandboxes.add(trajectory["session"]["sandbox_id"])
+        names.add(trajectory["session"]["sandbox_name"])
         assert verdicts[index]["sandbox_id"] == trajectory["session"]["sandbox_id"]
     assert len(sandboxes) == 5, "each task session runs in a container of its own"
 
+    # What served the tasks is gone, container and volume, and nothing was left since the submission (whatever
+    # its evaluation label: most sessions run in warm sandboxes, labelled for the pool) but the pools' next
+    # sandboxes, one per executor, each with its volume (and, while it starts, its confining helper).
+    after = sandbox_objects()
+    assert not [key for key in after if key[1].startswith(tuple(names))], "a sandbox that served a task is left"
+    new = {key: labels for key, labels in after.items() if key not in before}
+    warm = [
+        name
+        for (kind, name), labels in new.items()
+        if kind == "container"
+        and labels.get(ROLE_LABEL) == SANDBOX_ROLE
+        and labels.get(EVALUATION_LABEL) == POOL_EVALUATION
+    ]
+    assert len(warm) <= EXECUTORS, f"more warm sandboxes than executors: {warm}"
+    left = {
+        key: labels
+        for key, labels in new.items()
+        if not (labels.get(EVALUATION_LABEL) == POOL_EVALUATION and key[1].startswith(tuple(warm)))
+    }
+    assert left == {}, f"sandbox containers or volumes left after the evaluation: {left}"
     engine = docker.from_env()
-    assert not engine.containers.list(all=True, filters={"label": f"pybench-eval.evaluation={evaluation_id}"})
-    assert not engine.containers.list(all=True, filters={"label": "pybench-eval.role=grading-sandbox"})
+    assert not engine.containers.list(all=True, filters={"label": f"{ROLE_LABEL}={GRADING_ROLE}"})
     for sandbox_id in sandboxes:
         with pytest.raises(docker.errors.NotFound):
             engine.containers.get(sandbox_id)
