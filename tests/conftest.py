@@ -47,10 +47,12 @@ def sandbox_network() -> Iterator[str]:
     """The name of an internal network for the tests' sandboxes; removed, with any sandbox left on it, at the end."""
     import docker
 
+    from services.sandbox import ROLE_LABEL, SANDBOX_ROLE
+
     name = "pbe-test-sandboxes"
     yield name
     engine = docker.from_env()
-    for container in engine.containers.list(all=True, filters={"label": "pybench-eval.role=sandbox"}):
+    for container in engine.containers.list(all=True, filters={"label": f"{ROLE_LABEL}={SANDBOX_ROLE}"}):
         if name in container.attrs["NetworkSettings"]["Networks"]:
             container.remove(force=True)
     for network in engine.networks.list(names=[name]):

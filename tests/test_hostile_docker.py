@@ -19,7 +19,7 @@ from executor.kernel import KernelClient
 from executor.output import DEFAULT_MAX_OUTPUT_CHARS
 from executor.sandboxes.base import SandboxSpec
 from executor.sandboxes.docker import DockerSandboxBackend
-from services.sandbox import EVALUATION_LABEL, SandboxHandle
+from services.sandbox import EVALUATION_LABEL, ROLE_LABEL, TASK_LABEL, SandboxHandle
 from services.trajectory import Execution
 from tests.fixtures import sandbox_objects
 
@@ -268,7 +268,7 @@ def test_a_kernel_dying_in_the_middle_of_a_flood_is_back_promptly_without_the_ol
 def decoys(box: Box) -> Iterator[list[str]]:
     """Two listeners on a network this test creates: stand-ins for an internet host and a metadata service."""
     engine = docker.from_env()
-    network = engine.networks.create("pbe-test-decoys", driver="bridge", labels={"pybench-eval.role": "test-decoy"})
+    network = engine.networks.create("pbe-test-decoys", driver="bridge", labels={ROLE_LABEL: "test-decoy"})
     started = []
     try:
         for name in ("pbe-decoy-internet", "pbe-decoy-metadata"):
@@ -277,7 +277,7 @@ def decoys(box: Box) -> Iterator[list[str]]:
                 command=["python3", "-m", "http.server", "8080"],
                 name=name,
                 network="pbe-test-decoys",
-                labels={"pybench-eval.role": "test-decoy"},
+                labels={ROLE_LABEL: "test-decoy"},
             )
             container.start()
             started.append(container)
@@ -352,7 +352,7 @@ def test_pip_and_apt_fail_fast_instead_of_hanging(box: Box) -> None:
 def test_no_workspace_volume_outlives_its_sandbox(backend: DockerSandboxBackend) -> None:
     handle = backend.start(SandboxSpec(EVALUATION, 2, 1, image=IMAGE))
     engine = docker.from_env()
-    assert engine.volumes.get(handle.name).attrs["Labels"]["pybench-eval.task"] == "2"
+    assert engine.volumes.get(handle.name).attrs["Labels"][TASK_LABEL] == "2"
     backend.stop(handle)
     with pytest.raises(docker.errors.NotFound):
         engine.volumes.get(handle.name)
