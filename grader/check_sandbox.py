@@ -8,8 +8,9 @@ loads here) that runs ``grader/file_checks.py`` with the image's Python and prin
 The container is hardened like the session sandboxes (``executor.sandboxes.docker``): no network at all
 (``network_mode=none``), user 1000, every capability dropped, ``no-new-privileges``, a read-only root, a
 size-capped tmpfs ``/tmp``, memory (no swap), CPU and process limits, an environment with nothing of the
-grader's in it. The files, ``file_checks.py`` and the request go into a volume of its own before it starts
-(a read-only root refuses copies anywhere else, and a tmpfs volume would drop them before the start): the
+grader's in it. The files, ``file_checks.py`` (with ``model_loader.py``) and the request go into a volume of its
+own before it starts (a read-only root refuses copies anywhere else, and a tmpfs volume would drop them before the
+start): the
 copied tree belongs to root, so the sandbox can read it but not write to it or fill the disk. The container
 carries the labels ``pybench-eval.role=grading-sandbox`` and ``pybench-eval.project=pybench-eval``, its name
 and its volume's start with ``pbe-grd-`` (all defined in ``services.sandbox``), and both are removed when the
@@ -243,8 +244,9 @@ def workspace_name(name: str) -> str | None:
 
 
 @functools.cache
-def _checker_source() -> bytes:
-    return Path(file_checks.__file__).read_bytes()
+def _checker_sources() -> dict[str, bytes]:
+    """The checker and the script it unpickles with, by their names in the sandbox."""
+    return {path.name: path.read_bytes() for path in (Path(file_checks.__file__), file_checks.MODEL_LOADER)}
 
 
 def _archive(checks: list[dict[str, Any]], files: dict[str, bytes]) -> bytes:
@@ -270,7 +272,7 @@ def _archive(checks: list[dict[str, Any]], files: dict[str, bytes]) -> bytes:
             info = tarfile.TarInfo(folder)
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, now
             tar.addfile(info)
-        top = {"file_checks.py": _checker_source(), "request.json": request}
+        top = {**_checker_sources(), "request.json": request}
         kept = sorted((path, data) for path, data in members.items() if path not in clashes)
         for member, data in [*top.items(), *kept]:
             info = tarfile.TarInfo(member)

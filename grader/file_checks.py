@@ -250,83 +250,20 @@ def csv_sorted_by(check: dict[str, Any], root: Path) -> Outcome:
 
 # -- pickles -------------------------------------------------------------------------------------------------
 
-_PICKLE_LOADER = """\
-import pickle, sys
-path, how, data = sys.argv[1], sys.argv[2], sys.argv[3:]
-suffix, loaded, unpickled = "", None, False
-try:
-    with open(path, "rb") as file:
-        loaded, unpickled = pickle.load(file), True
-except Exception:
-    if how != "joblib":
-        raise
-if how == "joblib" and (not unpickled or (data and not callable(getattr(loaded, "predict", None)))):
-    # An uncompressed joblib.dump unpickles to its first numpy array: joblib.load gives the object.
-    import joblib
-    try:
-        candidate = joblib.load(path)
-    except Exception:
-        if not unpickled:
-            raise
-    else:
-        if not unpickled or callable(getattr(candidate, "predict", None)):
-            loaded, suffix = candidate, " with joblib.load"
-print("\\nloaded a " + type(loaded).__module__ + "." + type(loaded).__qualname__ + suffix, flush=True)
-if not data:
-    sys.exit(0)
-if not callable(getattr(loaded, "predict", None)):
-    print("\\nnot a fitted model: it has no predict method")
-    sys.exit(3)
-import numpy as np
-import pandas as pd
-table = data[0]
-frame = pd.read_excel(table) if table.lower().endswith(EXCEL_SUFFIXES) else pd.read_csv(table)
-names = getattr(loaded, "feature_names_in_", None)
-count = getattr(loaded, "n_features_in_", None)
-if names is not None:
-    names = [str(name) for name in names]
-    missing = [name for name in names if name not in frame.columns]
-    features = frame.reindex(columns=names)
-    features[missing] = 0
-    source = f"its {len(names)} feature_names_in_ columns"
-    source += f" ({len(missing)} not in the data, as zeros: {missing[:3]})" if missing else ""
-elif isinstance(count, int) and not isinstance(count, bool):
-    numeric = frame.select_dtypes("number").iloc[:, :count]
-    features = numeric.copy()
-    for pad in range(count - numeric.shape[1]):
-        features[f"zeros {pad}"] = 0
-    source = f"the first {count} numeric columns (n_features_in_)"
-    if numeric.shape[1] < count:
-        source += f", {count - numeric.shape[1]} of them zeros: the data has only {numeric.shape[1]}"
-else:
-    features = frame.select_dtypes("number")
-    source = f"the {features.shape[1]} numeric columns (it names no features: fitted?)"
-rows = features.dropna().head(PREDICT_ROWS)
-if rows.empty:
-    rows = features.head(PREDICT_ROWS)
-try:
-    predicted = loaded.predict(rows if names is not None else rows.to_numpy())
-    length = len(predicted)
-except Exception as exc:
-    print(f"\\nnot a fitted model: predict on {source} raised {type(exc).__name__}: {exc}")
-    sys.exit(3)
-if length != len(rows):
-    print(f"\\nnot a fitted model: predict gave {length} answers for {len(rows)} rows")
-    sys.exit(3)
-print(f"\\npredicted {len(rows)} rows of {table.rsplit('/', 1)[-1]} from {source}")
-"""
-
 PREDICT_ROWS = 20
 """How many rows of the task's data ``model_predicts`` asks the model to predict."""
 
+MODEL_LOADER = Path(__file__).with_name("model_loader.py")
+"""The script that unpickles in a child interpreter (shipped beside this file into the grading sandbox)."""
+
 
 def _load_pickle(path: Path, root: Path, with_joblib: bool, data: Path | None = None) -> tuple[int, list[str]]:
-    """Run ``_PICKLE_LOADER`` on ``path`` in a child interpreter; return its exit code and its output's last lines."""
-    script = _PICKLE_LOADER.replace("EXCEL_SUFFIXES", repr(EXCEL_SUFFIXES)).replace("PREDICT_ROWS", str(PREDICT_ROWS))
+    """Run ``model_loader.py`` on ``path`` in a child interpreter; return its exit code and its output's last lines."""
     how = "joblib" if with_joblib else "pickle"
+    table = [str(data), str(PREDICT_ROWS), "excel" if data.suffix.lower() in EXCEL_SUFFIXES else "csv"] if data else []
     with tempfile.TemporaryFile() as log:
         finished = subprocess.run(
-            [sys.executable, "-I", "-B", "-u", "-c", script, str(path), how, *([str(data)] if data else [])],
+            [sys.executable, "-I", "-B", "-u", str(MODEL_LOADER), str(path), how, *table],
             cwd=root,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -339,10 +276,7 @@ def _load_pickle(path: Path, root: Path, with_joblib: bool, data: Path | None = 
 
 
 def _joblib_param(check: dict[str, Any]) -> bool:
-    with_joblib = check.get("joblib", False)
-    if not isinstance(with_joblib, bool):
-        raise MalformedCheck(f"{check.get('kind')}: 'joblib' must be true or false, got {with_joblib!r}")
-    return with_joblib
+    return bool(_param(check, "joblib", bool)) if "joblib" in check else False
 
 
 def _load_failed(code: int, lines: list[str], with_joblib: bool) -> str:
@@ -373,21 +307,13 @@ def pickle_loads(check: dict[str, Any], root: Path) -> Outcome:
 
 
 def model_predicts(check: dict[str, Any], root: Path) -> Outcome:
-    """The file at ``path`` loads as in ``pickle_loads`` (with ``joblib``, ``joblib.load`` is also tried when
-    ``pickle.load`` gives no model: an uncompressed ``joblib.dump`` unpickles to a numpy array) into a fitted
-    model: an object
-    with a ``predict`` method that answers one prediction per row for up to ``PREDICT_ROWS`` rows of the table
-    ``data`` (the task's input, CSV or Excel by suffix), without raising.
-
-    The features are chosen as a fitted scikit-learn estimator tells: the columns of ``feature_names_in_`` (a
-    DataFrame, so a pipeline does its own preprocessing; a column the data lacks, such as an engineered one, is
-    zeros), else the first ``n_features_in_`` numeric columns (an array; zeros where the data has fewer), else
-    every numeric column; rows with a missing value are skipped while others remain. An unfitted estimator
-    fails (``predict`` raises), as does anything without ``predict`` (the ``int`` a pickle's code returned).
-    The detail names the loaded type and what was predicted on.
-
-    Loading and predicting run in the child interpreter of ``pickle_loads``: a pickle's code can fake a model
-    there (it runs in that process), but never another check's result.
+    """The file at ``path`` loads as in ``pickle_loads`` into a fitted model: an object whose ``predict`` answers
+    one prediction per row for up to ``PREDICT_ROWS`` rows of the table ``data`` (the task's input, CSV or Excel
+    by suffix) without raising; the features are the columns the model says it was fitted on
+    (``model_loader.features_of``). With ``joblib``, ``joblib.load`` is also tried when ``pickle.load`` gives no
+    model. An unfitted estimator fails, as does anything without ``predict`` (the ``int`` a pickle's code
+    returned); the detail names the loaded type and what was predicted on. It runs in the child interpreter of
+    ``pickle_loads``: a pickle's code can fake a model there, never another check's result.
     """
     path = _file(check, root)
     with_joblib = _joblib_param(check)
