@@ -57,19 +57,12 @@ def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = 
     app.include_router(suites.router)
     app.include_router(leaderboard.router)
 
-    # Innermost (added first): an HTTPException raised from ``receive`` reaches the route's body reading as is.
+    # The body limit (declared or streamed). Innermost, added first: an HTTPException raised from ``receive``
+    # then reaches the route's body reading as is.
     app.add_middleware(BodySizeLimit, max_bytes=settings.MAX_BODY_BYTES)
 
     @app.middleware("http")
-    async def _limit_body(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        length = request.headers.get("content-length", "")
-        if length.isdigit() and int(length) > settings.MAX_BODY_BYTES:
-            return problem_response(
-                413,
-                "Request too large",
-                f"the body may be at most {settings.MAX_BODY_BYTES} bytes",
-                request.url.path,
-            )
+    async def _guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         if "\x00" in request.url.path or "%00" in request.url.path:
             return problem_response(
                 400, "Bad path", "the path holds a NUL byte; no name here has one", request.url.path.replace("\x00", "")

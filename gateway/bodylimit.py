@@ -10,19 +10,22 @@ from typing import Any
 
 from fastapi import HTTPException
 
+from gateway.problems import problem_response
+
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[MutableMapping[str, Any], Receive, Send], Awaitable[None]]
 
 
-def too_large(max_bytes: int) -> HTTPException:
-    return HTTPException(413, f"the body may be at most {max_bytes} bytes; send less")
+def too_large_detail(max_bytes: int) -> str:
+    return f"the body may be at most {max_bytes} bytes; send less"
 
 
 class BodySizeLimit:
-    """ASGI middleware: the app's ``receive`` raises a 413 ``HTTPException`` once more than ``max_bytes`` of body
-    arrived (the app's problem handlers turn it into ``application/problem+json``)."""
+    """ASGI middleware: a declared ``Content-Length`` over ``max_bytes`` is answered 413 at once; otherwise the
+    app's ``receive`` raises a 413 ``HTTPException`` once more than ``max_bytes`` of body arrived (the app's problem
+    handlers turn it into ``application/problem+json``)."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -32,6 +35,11 @@ class BodySizeLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            refusal = problem_response(413, "Request too large", too_large_detail(self.max_bytes), scope["path"])
+            await refusal(scope, receive, send)
+            return
         received = 0
 
         async def limited() -> Message:
@@ -40,7 +48,7 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise too_large(self.max_bytes)
+                    raise HTTPException(413, too_large_detail(self.max_bytes))
             return message
 
         await self.app(scope, limited, send)
