@@ -38,7 +38,7 @@ def stream(state: StateStore, evaluation_id: str, *, poll_s: float = POLL_S) -> 
             if key not in sent:
                 sent.add(key)
                 yield _event("verdict", verdict.model_dump(mode="json"))
-        if progress.finished == progress.total:
+        if progress.complete:
             yield _event("end", {"status": status.value})
             return
         if time.monotonic() - last_beat > HEARTBEAT_S:

@@ -161,6 +161,11 @@ class Progress(BaseModel):
     def finished(self) -> int:
         return sum(n for state, n in self.counts.items() if state.finished)
 
+    @property
+    def complete(self) -> bool:
+        """Every task is finished (done, unavailable or cancelled): the evaluation's results are final."""
+        return self.finished == self.total
+
 
 class EvaluationView(BaseModel):
     """The answer of ``GET /v1/evaluations/{id}``."""

@@ -109,10 +109,10 @@ class TaskLifecycle:
 
     def queue_sessions(self, evaluation: Evaluation) -> list[int]:
         """Enqueue the session of every task still ``queued`` (at its current attempt). Returns those tasks."""
-        queued = [i for i, s in self.state.task_states(evaluation.id).items() if s is TaskState.QUEUED]
-        for index in sorted(queued):
+        queued = sorted(i for i, s in self.state.task_states(evaluation.id).items() if s is TaskState.QUEUED)
+        for index in queued:
             enqueue_session(self.redis, self._session(evaluation.id, index))
-        return sorted(queued)
+        return queued
 
     def cancel(self, evaluation_id: str) -> list[int]:
         """Cancel an evaluation: its queued tasks become ``cancelled`` and their jobs are taken off the queue; a

@@ -38,6 +38,14 @@ def evaluation_key(evaluation_id: str, *parts: str) -> str:
     return ":".join(["pbe:evaluation", evaluation_id, *parts])
 
 
+def _model_key(evaluation_id: str) -> str:
+    return f"pbe:secret:model-key:{evaluation_id}"
+
+
+def _judge_key(evaluation_id: str) -> str:
+    return f"pbe:secret:judge-key:{evaluation_id}"
+
+
 class StateStore:
     """Read the live state of evaluations; hold their API keys."""
 
@@ -64,16 +72,16 @@ class StateStore:
 
     def drop_keys(self, evaluation_id: str) -> None:
         """Forget the evaluation's model and judge keys (it reached a final state; a retry asks for them again)."""
-        self.redis.delete(f"pbe:secret:model-key:{evaluation_id}", f"pbe:secret:judge-key:{evaluation_id}")
+        self.redis.delete(_model_key(evaluation_id), _judge_key(evaluation_id))
 
     def model_key(self, evaluation_id: str) -> str | None:
         """Return the evaluation's model API key, or None when it has none."""
-        raw = self.redis.get(f"pbe:secret:model-key:{evaluation_id}")
+        raw = self.redis.get(_model_key(evaluation_id))
         return raw.decode() if isinstance(raw, bytes) else raw
 
     def judge_key(self, evaluation_id: str) -> str | None:
         """Return the evaluation's judge API key, or None when it has none."""
-        raw = self.redis.get(f"pbe:secret:judge-key:{evaluation_id}")
+        raw = self.redis.get(_judge_key(evaluation_id))
         return raw.decode() if isinstance(raw, bytes) else raw
 
     def task_states(self, evaluation_id: str) -> dict[int, TaskState]:
@@ -91,17 +99,15 @@ class StateStore:
         """Where the evaluation stands, given its progress (and its id, to tell a cancelled one)."""
         if evaluation_id is not None and self.cancelled(evaluation_id):
             return EvaluationStatus.CANCELLED
-        if progress.finished == progress.total:
+        if progress.complete:
             return EvaluationStatus.COMPLETED
         if progress.counts[TaskState.QUEUED] + progress.counts[TaskState.UNAVAILABLE] == progress.total:
             return EvaluationStatus.QUEUED
         return EvaluationStatus.RUNNING
 
     def complete(self, evaluation_id: str) -> bool:
-        """Whether every task of the evaluation is finished (done, unavailable or cancelled): its results are
-        then final. The one place that decides it."""
-        progress = self.progress(evaluation_id)
-        return progress.finished == progress.total
+        """Whether every task of the evaluation is finished (``Progress.complete``): its results are then final."""
+        return self.progress(evaluation_id).complete
 
     def cancelled(self, evaluation_id: str) -> bool:
         return bool(self.redis.exists(evaluation_key(evaluation_id, "cancelled")))
@@ -131,6 +137,6 @@ class StateStore:
 def hold_keys(pipe: Any, evaluation_id: str, api_key: str | None, judge_api_key: str | None) -> None:
     """Queue on ``pipe`` the secret-store writes of the keys given (each for ``DEFAULT_SECRET_TTL_S``)."""
     if api_key:
-        pipe.set(f"pbe:secret:model-key:{evaluation_id}", api_key, ex=DEFAULT_SECRET_TTL_S)
+        pipe.set(_model_key(evaluation_id), api_key, ex=DEFAULT_SECRET_TTL_S)
     if judge_api_key:
-        pipe.set(f"pbe:secret:judge-key:{evaluation_id}", judge_api_key, ex=DEFAULT_SECRET_TTL_S)
+        pipe.set(_judge_key(evaluation_id), judge_api_key, ex=DEFAULT_SECRET_TTL_S)
