@@ -8,8 +8,10 @@ its trajectory and verdict there, so the store can always say what remains. The 
    were in Redis only: a session then stops before calling the endpoint, with a model error that says to send
    them again with ``PUT /v1/evaluations/<id>/keys``; the log says so too);
 2. for each evaluation still running, queues again the job a task waits on when no worker has it:
-   a ``queued`` or ``running`` task's session (the executor crashed, or its job was lost), a ``grading``
-   task's grading (or its session, when its trajectory never reached the store).
+   a ``queued`` (and admitted) or ``running`` task's session (the executor crashed, or its job was lost), a
+   ``grading`` task's grading (or its session, when its trajectory never reached the store); a ``queued`` task
+   held in the admission window has no job by design and waits its turn;
+3. fills each evaluation's admission window again (a crash between a session's end and the next admission).
 
 Jobs have deterministic ids and a queued or running job is never queued twice, so running the reconciler
 again, or on two gateways at once, duplicates nothing; verdicts are written per task, so a session graded
@@ -51,6 +53,8 @@ class Report:
     """Session jobs queued again (their ids)."""
     gradings: list[str] = field(default_factory=list)
     """Grading jobs queued again (their ids)."""
+    admitted: list[tuple[str, int]] = field(default_factory=list)
+    """Tasks (evaluation, index) whose sessions were admitted from their window's line (not lost: waiting)."""
 
 
 def _alive(redis: Redis, job_id: str) -> bool:
@@ -110,12 +114,15 @@ def reconcile(redis: Redis, store: ArtifactStore, suite: Suite) -> Report:
 def _reconcile_one(
     redis: Redis, lifecycle: TaskLifecycle, store: ArtifactStore, evaluation_id: str, report: Report
 ) -> None:
-    """Queue again the jobs of one evaluation that no worker has."""
+    """Queue again the jobs of one evaluation that no worker has, then admit what its window has room for."""
     state = lifecycle.state
+    lifecycle.hold_orphans(evaluation_id)
     for index, task_state in state.task_states(evaluation_id).items():
         attempt = state.task_attempt(evaluation_id, index)
         session = SessionJob(evaluation_id=evaluation_id, task_index=index, attempt=attempt)
         grading = GradeJob(evaluation_id=evaluation_id, task_index=index, attempt=attempt)
+        if task_state is TaskState.QUEUED and lifecycle.is_held(evaluation_id, index):
+            continue
         if task_state in (TaskState.QUEUED, TaskState.RUNNING):
             if not _alive(redis, session_job_id(session)):
                 lifecycle.requeue_session(session)
@@ -129,6 +136,7 @@ def _reconcile_one(
             else:
                 lifecycle.requeue_session(session)
                 report.sessions.append(session_job_id(session))
+    report.admitted.extend((evaluation_id, index) for index in lifecycle.admit(evaluation_id))
 
 
 def run_periodically(

@@ -16,6 +16,13 @@ DEFAULT_MAX_TURNS = 10
 DEFAULT_CELL_TIMEOUT_S = 120.0
 """Seconds a single code cell may run before the kernel is interrupted."""
 
+DEFAULT_MAX_CONCURRENCY = 16
+"""How many sessions of one evaluation may run, and so call its endpoint, at once across all executors, unless
+the submission says otherwise (PyBench's own harness runs 16 at once)."""
+
+MAX_CONCURRENCY_LIMIT = 256
+"""The most ``max_concurrency`` a submission may ask for."""
+
 DEFAULT_PROMPT = "llama3"
 """The suite prompt for served open models: code between <|execute_start|> and <|execute_end|>."""
 
@@ -93,6 +100,14 @@ class EvaluationCreate(BaseModel):
     judge_api_key: SecretStr | None = Field(
         default=None, description="The judge's bearer token; never stored in clear."
     )
+    max_concurrency: int = Field(
+        default=DEFAULT_MAX_CONCURRENCY,
+        ge=1,
+        le=MAX_CONCURRENCY_LIMIT,
+        description="How many of this evaluation's sessions may run, and so call the endpoint, at once across all "
+        "executors: a GPU server's batch size, or what a rate-limited API allows. Other evaluations share the "
+        "executors with it fairly.",
+    )
 
     @field_validator("tasks")
     @classmethod
@@ -149,6 +164,8 @@ class Evaluation(BaseModel):
     sampling: Sampling
     judge: JudgeConfig | None = None
     has_judge_api_key: bool = False
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    """At most this many of its sessions run at once (``services.admission``)."""
 
 
 class Progress(BaseModel):

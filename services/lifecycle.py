@@ -14,6 +14,11 @@ reconciler, the executor and the grader call these and nothing else writes them 
     requeue_session / requeue_grading   the reconciler queues a lost job again, same attempt
     restore                             an evaluation Redis lost, rebuilt from the artifact store
 
+A ``queued`` task is either held (waiting its turn) or admitted (its session job is on the shared queue): at most
+``Evaluation.max_concurrency`` of an evaluation's sessions are admitted or running at once, and each session that
+ends admits the next (``services.admission``, which only this module calls; ``admit`` fills the window again and
+the reconciler calls it every pass).
+
 The retry policy lives here too: a session that ends in an ``infra_error`` whose cause may mend by itself (a
 dead sandbox, an endpoint that timed out or answered 5xx: ``EndReason.retryable``) runs again as its next
 attempt, up to ``MAX_ATTEMPTS``; a cause only the user can fix (a lost key, a 4xx from the endpoint) is
@@ -30,6 +35,7 @@ from typing import Any
 
 from redis import Redis
 
+from services.admission import AdmissionWindow
 from services.evaluation import Evaluation, TaskState
 from services.queues import (
     GradeJob,
@@ -85,6 +91,7 @@ class TaskLifecycle:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
         self.state = StateStore(redis)
+        self.window = AdmissionWindow(redis)
 
     # --- evaluations ------------------------------------------------------------------------------------------
 
@@ -108,22 +115,56 @@ class TaskLifecycle:
         pipe.execute()
 
     def queue_sessions(self, evaluation: Evaluation) -> list[int]:
-        """Enqueue the session of every task still ``queued`` (at its current attempt). Returns those tasks."""
+        """Put every task still ``queued`` in line, and admit (enqueue the sessions of) as many as the
+        evaluation's ``max_concurrency`` allows; the rest are admitted as sessions end. Returns the queued tasks."""
         queued = sorted(i for i, s in self.state.task_states(evaluation.id).items() if s is TaskState.QUEUED)
-        for index in queued:
-            enqueue_session(self.redis, self._session(evaluation.id, index))
+        self.window.hold(evaluation.id, [i for i in queued if not self.window.is_admitted(evaluation.id, i)])
+        self.admit(evaluation.id, evaluation)
         return queued
+
+    def admit(self, evaluation_id: str, evaluation: Evaluation | None = None) -> list[int]:
+        """Enqueue the sessions of held tasks while fewer than the evaluation's ``max_concurrency`` are admitted
+        (none once it is cancelled). Returns the tasks admitted now.
+
+        Raises:
+            EvaluationNotFoundError: the evaluation is not in Redis (and none was given).
+        """
+        if self.state.cancelled(evaluation_id):
+            return []
+        limit = (evaluation or self.state.get(evaluation_id)).max_concurrency
+        admitted = self.window.admit(evaluation_id, limit)
+        for index in admitted:
+            enqueue_session(self.redis, self._session(evaluation_id, index))
+        return admitted
+
+    def hold_orphans(self, evaluation_id: str) -> list[int]:
+        """Put in line the ``queued`` tasks that are neither held nor admitted (an evaluation restored from the
+        store, or a crash between two writes), so that ``admit`` reaches them. Returns those tasks."""
+        held = set(self.window.held(evaluation_id))
+        orphans = [
+            i
+            for i, s in sorted(self.state.task_states(evaluation_id).items())
+            if s is TaskState.QUEUED and i not in held and not self.window.is_admitted(evaluation_id, i)
+        ]
+        self.window.hold(evaluation_id, orphans)
+        return orphans
+
+    def is_held(self, evaluation_id: str, task_index: int) -> bool:
+        """Whether a ``queued`` task waits for its turn (no job of it is on the queue, by design)."""
+        return task_index in self.window.held(evaluation_id)
 
     def cancel(self, evaluation_id: str) -> list[int]:
         """Cancel an evaluation: its queued tasks become ``cancelled`` and their jobs are taken off the queue; a
         running session stops before its next turn (``finish_session``); finished sessions are still graded.
         Returns the tasks cancelled here."""
         self.redis.set(evaluation_key(evaluation_id, "cancelled"), "1")
+        self.window.release_held(evaluation_id)
         queued = [i for i, s in self.state.task_states(evaluation_id).items() if s is TaskState.QUEUED]
         if queued:
             self._set_states(evaluation_id, dict.fromkeys(queued, TaskState.CANCELLED))
         for index in queued:
             cancel_job(self.redis, session_job_id(self._session(evaluation_id, index)))
+        self.window.leave(evaluation_id, queued)
         self._close_if_complete(evaluation_id)
         return queued
 
@@ -149,21 +190,27 @@ class TaskLifecycle:
         ``cancelled``, when the evaluation was cancelled meanwhile (the session must not run)."""
         if self.state.cancelled(job.evaluation_id):
             self._set_states(job.evaluation_id, {job.task_index: TaskState.CANCELLED})
+            self.window.leave(job.evaluation_id, [job.task_index])
+            self._close_if_complete(job.evaluation_id)
             return False
         self._set_states(job.evaluation_id, {job.task_index: TaskState.RUNNING})
         return True
 
     def finish_session(self, job: SessionJob, *, cancelled: bool = False) -> None:
         """The session of ``job`` ended and its trajectory is stored: the task goes to ``grading`` and its
-        grading is enqueued; a session stopped by a cancellation goes to ``cancelled`` instead (not graded)."""
+        grading is enqueued; a session stopped by a cancellation goes to ``cancelled`` instead (not graded). Its
+        place in the admission window goes to the next held task."""
         if cancelled:
             self._set_states(job.evaluation_id, {job.task_index: TaskState.CANCELLED})
+            self.window.leave(job.evaluation_id, [job.task_index])
             self._close_if_complete(job.evaluation_id)
             return
         self._set_states(job.evaluation_id, {job.task_index: TaskState.GRADING})
+        self.window.leave(job.evaluation_id, [job.task_index])
         enqueue_grading(
             self.redis, GradeJob(evaluation_id=job.evaluation_id, task_index=job.task_index, attempt=job.attempt)
         )
+        self.admit(job.evaluation_id)
 
     def record_verdict(self, verdict: Verdict) -> Recorded:
         """Record the grade of a session: the task's verdict, the task ``done``; or, under the retry policy
@@ -177,20 +224,24 @@ class TaskLifecycle:
         return Recorded(retried_as=None, complete=self._close_if_complete(verdict.evaluation_id))
 
     def retry(self, evaluation_id: str, task_index: int) -> int:
-        """Run a task again as its next attempt: its verdict dropped, its state ``queued``, its session enqueued.
-        Returns the new attempt."""
+        """Run a task again as its next attempt: its verdict dropped, its state ``queued``, held at the front of
+        the line (its session is enqueued as soon as the window has room). Returns the new attempt."""
         attempt = self.state.task_attempt(evaluation_id, task_index) + 1
         pipe = self.redis.pipeline(transaction=True)
         pipe.hdel(evaluation_key(evaluation_id, "verdicts"), str(task_index))
         pipe.hset(evaluation_key(evaluation_id, "tasks"), str(task_index), TaskState.QUEUED.value)
         pipe.hset(evaluation_key(evaluation_id, "attempts"), str(task_index), str(attempt))
         pipe.execute()
-        enqueue_session(self.redis, SessionJob(evaluation_id=evaluation_id, task_index=task_index, attempt=attempt))
+        self.window.leave(evaluation_id, [task_index])  # its earlier attempt's session is over
+        self.window.hold(evaluation_id, [task_index], front=True)
+        self.admit(evaluation_id)
         return attempt
 
     def requeue_session(self, job: SessionJob) -> None:
-        """Queue again, at the same attempt, a session whose job was lost (its worker died, Redis dropped it)."""
+        """Queue again, at the same attempt, a session whose job was lost (its worker died, Redis dropped it); it
+        keeps (or takes) its place in the admission window."""
         self._set_states(job.evaluation_id, {job.task_index: TaskState.QUEUED})
+        self.window.enter(job.evaluation_id, job.task_index)
         drop_job(self.redis, session_job_id(job))
         enqueue_session(self.redis, job)
 
@@ -205,6 +256,7 @@ class TaskLifecycle:
         complete = self.state.complete(evaluation_id)
         if complete:
             self.state.drop_keys(evaluation_id)
+            self.window.forget(evaluation_id)
         return complete
 
     # --- the writes ---------------------------------------------------------------------------------------------

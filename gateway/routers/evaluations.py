@@ -122,6 +122,7 @@ def create_evaluation(
             sampling=body.sampling,
             judge=body.judge,
             has_judge_api_key=body.judge_api_key is not None,
+            max_concurrency=body.max_concurrency,
         )
         store.put_evaluation(evaluation)
         lifecycle.create(
