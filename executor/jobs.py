@@ -7,6 +7,7 @@ read here from the secret store).
 """
 
 import logging
+import time
 from typing import Any
 
 from redis import Redis
@@ -19,7 +20,7 @@ from executor.settings import ExecutorSettings
 from executor.worker import current_pool
 from services.endpoint import EndpointClient
 from services.evaluation import Evaluation
-from services.lifecycle import TaskLifecycle
+from services.lifecycle import TaskLifecycle, retry_delay_s
 from services.netguard import EgressPolicy, pinned_transport
 from services.queues import SessionJob
 from services.state import StateStore
@@ -50,6 +51,10 @@ def execute_session(
     suite = load_suite(settings.require_suite())
     task = suite.task(job.task_index)
     store = ArtifactStore(settings.ARTIFACT_ROOT)
+    delay = retry_delay_s(job.attempt)
+    if delay:
+        log.info("task %d of %s: attempt %d starts in %.1f s", job.task_index, evaluation.id, job.attempt, delay)
+        time.sleep(delay)
     if not lifecycle.start(job):
         log.info("task %d of %s: skipped, the evaluation was cancelled", job.task_index, evaluation.id)
         return {"task": job.task_index, "cancelled": True}
@@ -125,7 +130,7 @@ def run_session(payload: dict[str, Any]) -> dict[str, Any]:
     """RQ entry point (``services.queues.RUN_SESSION_JOB``): validate the payload and run the session."""
     job = SessionJob.model_validate(payload)
     settings = ExecutorSettings()
-    redis = Redis.from_url(settings.REDIS_URL)
+    redis = settings.redis()
     try:
         pool = current_pool()
         backend = pool.backend if pool is not None else get_backend(settings)

@@ -1,20 +1,22 @@
-"""The warm pool: an executor keeps its next sandbox started, so a task session starts without waiting.
+"""The warm pool: an executor keeps sandboxes started ahead, so a task session starts without waiting.
 
 A warm sandbox is a started container whose kernel answers and has already imported the common libraries
-(``PREWARM_IMPORTS``: the import cost, not the names; the model's namespace stays empty). ``take`` hands it
-out and at once starts its replacement in a background thread. A sandbox is handed out once and never
-returns to the pool: the session that took it removes it.
+(``PREWARM_IMPORTS``: the import cost, not the names; the model's namespace stays empty). ``take`` hands one
+out and at once starts its replacement in a background thread (up to the pool's size, a few at a time). A
+sandbox is handed out once and never returns to the pool: the session that took it removes it.
 
 Docker labels are fixed when a container is created, so a warm sandbox is labelled for the pool
-(``pybench-eval.evaluation=warm-pool``) rather than for the task it will serve; the session records the
-sandbox's id and name with its trajectory. A pool that dies uncleanly leaves sandboxes that ``reap`` removes
-by age.
+(``pybench-eval.evaluation=warm-pool``) rather than for the task it will serve, and for the worker that
+started it (``pybench-eval.worker``); the session records the sandbox's id and name with its trajectory. A
+worker killed outright leaves its sandboxes behind: the same worker, started again, removes them before it takes
+work (``executor.worker``), and ``reap`` removes any by age.
 """
 
 import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, replace
 
 from executor.kernel import KernelClient
@@ -72,99 +74,143 @@ def start_sandbox(backend: SandboxBackend, spec: SandboxSpec, *, prewarm: bool) 
 
 
 class WarmPool:
-    """Keeps one sandbox started ahead (per executor process); thread-safe.
+    """Keeps up to ``size`` sandboxes started ahead (per executor process), starting at most ``starts`` at once;
+    thread-safe, for the many sessions an executor runs at once.
 
     ``template`` gives the image and limits; a ``take`` whose spec asks for other ones gets a sandbox started
-    on demand instead.
+    on demand instead. Sessions that find the pool empty wait for its next start rather than starting their own:
+    a start is mostly CPU, so the pool's ``starts`` bound how many compete for the cores.
     """
 
-    def __init__(self, backend: SandboxBackend, template: SandboxSpec, *, prewarm: bool = True) -> None:
+    def __init__(
+        self, backend: SandboxBackend, template: SandboxSpec, *, size: int = 1, starts: int = 1, prewarm: bool = True
+    ) -> None:
         self.backend = backend
         self.template = replace(template, evaluation_id=POOL_EVALUATION, task_index=0, attempt=0)
+        self.size = max(1, size)
+        self.starts = max(1, starts)
         self.prewarm = prewarm
-        self._lock = threading.Lock()
-        self._ready: WarmSandbox | None = None
-        self._filling: threading.Thread | None = None
+        self._ready_changed = threading.Condition()
+        self._ready: deque[WarmSandbox] = deque()
+        self._starting = 0
+        self._threads: set[threading.Thread] = set()
         self._closed = False
+        self._failing = False
+        """The last start failed: takers stop waiting for the pool when nothing is starting."""
         self.last_error: str | None = None
 
     def _compatible(self, spec: SandboxSpec) -> bool:
         return replace(spec, evaluation_id=POOL_EVALUATION, task_index=0, attempt=0) == self.template
 
-    def fill(self) -> None:
-        """Start the next sandbox in the background, unless one is ready or starting."""
-        with self._lock:
-            if self._closed or self._ready is not None or (self._filling is not None and self._filling.is_alive()):
-                return
-            self._filling = threading.Thread(target=self._fill, name="pbe-warm-pool", daemon=True)
-            self._filling.start()
+    @property
+    def ready_count(self) -> int:
+        """How many sandboxes are ready now."""
+        with self._ready_changed:
+            return len(self._ready)
 
-    def _fill(self) -> None:
-        try:
-            sandbox = start_sandbox(self.backend, self.template, prewarm=self.prewarm)
-        except SandboxError as exc:
-            self.last_error = str(exc)
-            log.warning("warm pool: could not start a sandbox: %s", exc)
+    def fill(self) -> None:
+        """Start sandboxes in the background until ``size`` are ready or starting (at most ``starts`` at once)."""
+        with self._ready_changed:
+            self._fill_locked()
+
+    def _fill_locked(self) -> None:
+        if self._closed:
             return
-        with self._lock:
-            kept = not self._closed
-            if kept:
-                self._ready = sandbox
-        if not kept:  # closed meanwhile
+        wanted = min(self.size - len(self._ready) - self._starting, self.starts - self._starting)
+        for _ in range(max(0, wanted)):
+            self._starting += 1
+            thread = threading.Thread(target=self._fill_one, name="pbe-warm-pool", daemon=True)
+            self._threads.add(thread)
+            thread.start()
+
+    def _fill_one(self) -> None:
+        try:
+            sandbox: WarmSandbox | None = start_sandbox(self.backend, self.template, prewarm=self.prewarm)
+            error = None
+        except SandboxError as exc:
+            sandbox, error = None, exc
+        with self._ready_changed:
+            self._starting -= 1
+            self._threads.discard(threading.current_thread())
+            kept = sandbox is not None and not self._closed
+            if sandbox is not None and kept:
+                self._ready.append(sandbox)
+                self._failing = False
+                self._fill_locked()  # on to the next, up to size
+            elif error is not None:
+                self._failing = True  # no refill here: the next take asks again, so a broken engine is not hammered
+                self.last_error = str(error)
+            self._ready_changed.notify_all()
+        if error is not None:
+            log.warning("warm pool: could not start a sandbox: %s", error)
+        if sandbox is not None and not kept:  # closed meanwhile
             _discard(self.backend, sandbox)
 
-    def wait_ready(self, timeout_s: float) -> bool:
-        """Wait until a sandbox is ready (for tests and benchmarks); True if one is."""
+    def wait_ready(self, timeout_s: float, count: int = 1) -> bool:
+        """Wait until ``count`` sandboxes are ready (for tests and benchmarks); True if they are."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with self._lock:
-                if self._ready is not None:
-                    return True
-                filling = self._filling
-            if filling is None or not filling.is_alive():
-                self.fill()
-            time.sleep(0.01)
-        return False
+        with self._ready_changed:
+            while len(self._ready) < count:
+                self._fill_locked()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._ready_changed.wait(min(remaining, 0.5))
+            return True
 
     def take(self, spec: SandboxSpec) -> WarmSandbox:
-        """Hand out the pool's sandbox (checked alive first; if it is still starting, wait for it), or start one
-        for ``spec`` when the pool has none or ``spec`` asks for other limits; then start the next one in the
-        background.
+        """Hand out a ready sandbox of the pool (checked alive first), waiting for the pool's next start when none
+        is ready; or start one for ``spec`` when ``spec`` asks for other limits, or the pool cannot start any.
+        Then start replacements in the background.
 
         Raises:
             SandboxStartError, SandboxUnavailableError: a sandbox could not be started on demand.
         """
-        compatible = self._compatible(spec)
-        with self._lock:
-            filling = self._filling
-        if compatible and filling is not None and filling.is_alive():
-            filling.join(timeout=spec.ready_timeout_s + PREWARM_TIMEOUT_S)  # a start under way is ahead of a new one
-        with self._lock:
-            sandbox, self._ready = (self._ready, None) if compatible else (None, self._ready)
-        if sandbox is not None:
+        while self._compatible(spec):
+            sandbox = self._next_ready(spec.ready_timeout_s + PREWARM_TIMEOUT_S)
+            if sandbox is None:
+                break
             try:
                 sandbox.kernel.run_silent("", timeout_s=5.0)  # still alive?
             except SandboxError as exc:
                 log.warning("warm pool: sandbox %s went away while waiting: %s", sandbox.handle.name, exc)
                 _discard(self.backend, sandbox)
-                sandbox = None
-        if sandbox is not None:
+                continue
             sandbox.warm = True
             self.fill()
             return sandbox
         self.fill()
         return start_sandbox(self.backend, spec, prewarm=False)
 
+    def _next_ready(self, timeout_s: float) -> WarmSandbox | None:
+        """The oldest ready sandbox, waiting up to ``timeout_s`` for one while starts are under way; None when
+        the pool is closed, failing with nothing starting, or the wait ran out."""
+        deadline = time.monotonic() + timeout_s
+        with self._ready_changed:
+            while not self._ready:
+                if self._closed:
+                    return None
+                self._fill_locked()
+                if self._starting == 0 and self._failing:
+                    return None
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._ready_changed.wait(remaining)
+            return self._ready.popleft()
+
     def close(self) -> None:
-        """Remove the ready sandbox and stop filling; a start under way is removed when it finishes."""
-        with self._lock:
+        """Remove the ready sandboxes and stop filling; starts under way are removed when they finish."""
+        with self._ready_changed:
             self._closed = True
-            sandbox, self._ready = self._ready, None
-            filling = self._filling
-        if sandbox is not None:
+            ready, self._ready = list(self._ready), deque()
+            threads = list(self._threads)
+            self._ready_changed.notify_all()
+        for sandbox in ready:
             _discard(self.backend, sandbox)
-        if filling is not None:
-            filling.join(timeout=PREWARM_TIMEOUT_S)
+        deadline = time.monotonic() + PREWARM_TIMEOUT_S
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def _discard(backend: SandboxBackend, sandbox: WarmSandbox) -> None:

@@ -1,5 +1,11 @@
 """The executor's settings (``PBE_`` environment variables), validated when the worker starts."""
 
+import os
+import socket
+from pathlib import Path
+
+from pydantic import Field
+
 from executor.sandboxes.base import (
     DEFAULT_CPUS,
     DEFAULT_MEMORY_MB,
@@ -10,8 +16,25 @@ from executor.sandboxes.base import (
 from services.sandbox import DEFAULT_SANDBOX_IMAGE
 from services.settings import ServiceSettings
 
+DEFAULT_SESSIONS_PER_WORKER = 16
+"""Sessions one executor process runs at once, unless ``PBE_SESSIONS_PER_WORKER`` says otherwise."""
+
+DEFAULT_WARM_POOL_SIZE = 4
+"""Started sandboxes an executor keeps ready, unless ``PBE_WARM_POOL_SIZE`` says otherwise."""
+
+DEFAULT_WARM_POOL_STARTS = 2
+"""Sandboxes an executor's warm pool starts at once, unless ``PBE_WARM_POOL_STARTS`` says otherwise."""
+
 DEFAULT_SANDBOX_NETWORK = "pybench-eval-sandboxes"
 """The internal Docker network sandboxes join: no route out; only the executor reaches their gateway."""
+
+
+def default_worker_id() -> str:
+    """The host name in a container (a restarted container, or a pod's container, keeps it: its next life finds
+    what it left); on a bare host, where several workers may run, the host name and the process id."""
+    in_container = Path("/.dockerenv").exists() or "KUBERNETES_SERVICE_HOST" in os.environ
+    host = socket.gethostname()[:40] or "worker"
+    return host if in_container else f"{host}-{os.getpid()}"
 
 
 class ExecutorSettings(ServiceSettings):
@@ -27,7 +50,17 @@ class ExecutorSettings(ServiceSettings):
     """Where the local backend makes its sandbox folders; unset: the system's temporary folder."""
     MODEL_TIMEOUT_S: float = 300.0
     WARM_POOL: bool = True
-    """Keep the next sandbox started (``executor.worker.ExecutorWorker``); off: start each on demand."""
+    """Keep sandboxes started ahead of the sessions (``executor.worker.ExecutorWorker``); off: start each on demand."""
+    SESSIONS_PER_WORKER: int = Field(default=DEFAULT_SESSIONS_PER_WORKER, ge=1, le=256)
+    """How many sessions one executor process runs at once, each in a thread of its own (they wait on the model
+    and the kernel most of the time)."""
+    WARM_POOL_SIZE: int = Field(default=DEFAULT_WARM_POOL_SIZE, ge=1, le=64)
+    """How many started sandboxes the warm pool keeps ready."""
+    WARM_POOL_STARTS: int = Field(default=DEFAULT_WARM_POOL_STARTS, ge=1, le=16)
+    """How many sandboxes the warm pool starts at once (each start is mostly CPU: more only queue on the cores)."""
+    WORKER_ID: str = Field(default_factory=lambda: default_worker_id(), pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    """Who started a sandbox: its ``pybench-eval.worker`` label. The same worker started again removes what its
+    previous life left before it takes work (``default_worker_id``)."""
 
     def sandbox_spec(self, evaluation_id: str, task_index: int, attempt: int) -> SandboxSpec:
         """The sandbox one task session (or the warm pool) asks for: these settings' image and limits, under the
@@ -41,4 +74,5 @@ class ExecutorSettings(ServiceSettings):
             cpus=self.SANDBOX_CPUS,
             pids=self.SANDBOX_PIDS,
             ready_timeout_s=self.SANDBOX_READY_TIMEOUT_S,
+            worker=self.WORKER_ID,
         )

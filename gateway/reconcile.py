@@ -173,7 +173,7 @@ def main() -> int:
 
     settings = GatewaySettings()
     report = reconcile(
-        Redis.from_url(settings.REDIS_URL),
+        settings.redis(),
         ArtifactStore(settings.ARTIFACT_ROOT),
         load_suite(settings.require_suite(), settings.SUITE_NAME),
     )

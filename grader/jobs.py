@@ -100,7 +100,7 @@ def grade_session(payload: dict[str, Any]) -> dict[str, Any]:
     """RQ entry point (``services.queues.GRADE_SESSION_JOB``): validate the payload and grade."""
     job = GradeJob.model_validate(payload)
     settings = GraderSettings()
-    redis = Redis.from_url(settings.REDIS_URL)
+    redis = settings.redis()
     try:
         suite = load_suite(settings.require_suite())
         store = ArtifactStore(settings.ARTIFACT_ROOT)

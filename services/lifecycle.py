@@ -30,6 +30,7 @@ tasks are all finished has its API keys dropped from the secret store (they are 
 a session or the judge needs them).
 """
 
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,18 @@ from services.verdict import Verdict, VerdictStatus
 MAX_ATTEMPTS = 3
 """A session whose ``infra_error`` is retryable runs again, up to this many attempts in all; only the last
 attempt's verdict is recorded as the task's (every attempt's is kept in the artifact store)."""
+
+
+DEFAULT_RETRY_DELAY_S = 5.0
+"""A session's second attempt starts this long (jittered down to half) after it is taken, each later attempt twice
+as long, up to a minute: an environment that broke is given time to mend instead of burning the attempts at once."""
+
+
+def retry_delay_s(attempt: int) -> float:
+    """How long the session of ``attempt`` waits before it starts (0 for a first attempt)."""
+    if attempt <= 1:
+        return 0.0
+    return float(min(60.0, DEFAULT_RETRY_DELAY_S * 2.0 ** (attempt - 2)) * random.uniform(0.5, 1.0))
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ ROLE_LABEL = f"{SANDBOX_LABEL_PREFIX}.role"
 EVALUATION_LABEL = f"{SANDBOX_LABEL_PREFIX}.evaluation"
 TASK_LABEL = f"{SANDBOX_LABEL_PREFIX}.task"
 ATTEMPT_LABEL = f"{SANDBOX_LABEL_PREFIX}.attempt"
+WORKER_LABEL = f"{SANDBOX_LABEL_PREFIX}.worker"
+"""The executor that started a session's sandbox (a warm one too): its next life removes what it left."""
 
 SANDBOX_ROLE = "sandbox"
 """The role of a task session's sandbox."""
@@ -52,15 +54,29 @@ def sandbox_name(evaluation_id: str, task_index: int, attempt: int) -> str:
     return f"{SANDBOX_NAME_PREFIX}{evaluation_id[:12]}-{task_index}-a{attempt}-{secrets.token_hex(3)}"
 
 
-def sandbox_labels(evaluation_id: str, task_index: int, attempt: int) -> dict[str, str]:
-    """The labels of a session's sandbox."""
-    return {
+def sandbox_labels(evaluation_id: str, task_index: int, attempt: int, worker: str = "") -> dict[str, str]:
+    """The labels of a session's sandbox (``WORKER_LABEL`` when the ``worker`` that starts it is named)."""
+    labels = {
         PROJECT_LABEL: PROJECT,
         ROLE_LABEL: SANDBOX_ROLE,
         EVALUATION_LABEL: evaluation_id,
         TASK_LABEL: str(task_index),
         ATTEMPT_LABEL: str(attempt),
     }
+    if worker:
+        labels[WORKER_LABEL] = worker
+    return labels
+
+
+def reap_selector(evaluation_id: str | None = None, worker: str | None = None) -> dict[str, str]:
+    """The labels (key: value) a session's sandbox must carry to be removed by a ``reap`` that names an
+    evaluation and/or a worker; empty: any sandbox of the project."""
+    wanted = {}
+    if evaluation_id is not None:
+        wanted[EVALUATION_LABEL] = evaluation_id
+    if worker is not None:
+        wanted[WORKER_LABEL] = worker
+    return wanted
 
 
 class SandboxHandle(BaseModel):

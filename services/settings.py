@@ -8,6 +8,9 @@ from pathlib import Path
 
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from redis import Redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from services.errors import ConfigurationError
 
@@ -19,6 +22,17 @@ DEFAULT_SUITE_PATH = Path("../shared/pybench")
 
 DEFAULT_ARTIFACT_ROOT = Path("var/artifacts")
 """Where trajectories, produced files and verdicts are stored when nothing else is said."""
+
+
+DEFAULT_REDIS_RETRIES = 20
+"""How often a Redis command is tried again after a connection error or timeout, waiting 0.25 s, then twice as long
+each time up to 4 s: about a minute in all, so a restart of Redis is ridden out instead of failing the session or
+the grading that asked."""
+
+
+def redis_retry() -> Retry:
+    """The retry policy of every service's Redis connection (``DEFAULT_REDIS_RETRIES``)."""
+    return Retry(ExponentialBackoff(cap=4.0, base=0.25), DEFAULT_REDIS_RETRIES)
 
 
 class ServiceSettings(BaseSettings):
@@ -48,6 +62,11 @@ class ServiceSettings(BaseSettings):
 
         EgressPolicy.parse(value)  # raises ValueError naming the bad entry
         return value
+
+    def redis(self) -> Redis:
+        """A client of ``REDIS_URL`` that rides out a Redis restart (``redis_retry``); commands raise
+        ``redis.exceptions.ConnectionError`` only when Redis stays away longer."""
+        return Redis.from_url(self.REDIS_URL, retry=redis_retry())
 
     def require_suite(self) -> Path:
         """Return the suite path.

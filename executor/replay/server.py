@@ -9,9 +9,14 @@ Use: re-execute a published trajectory file through the real sandboxes (the code
 model's words are replayed), and a model that answers at once for the demo and the tests::
 
     python -m executor.replay.server --trajectories ../shared/pybench/trajectory.jsonl --port 8000
+
+``--latency S`` (or ``PBE_REPLAY_LATENCY_S``) makes every answer take S seconds, like a served model under load,
+without holding a thread. ``GET /stats`` says how many requests it answered and the most it had in flight at once
+(``POST /stats/reset`` starts counting again), so a test or benchmark sees the load the endpoint got.
 """
 
 import argparse
+import asyncio
 import math
 import os
 import time
@@ -55,14 +60,27 @@ def _error(status: int, message: str, code: str) -> JSONResponse:
     )
 
 
-def create_app(recordings_path: Path, model_name: str = DEFAULT_MODEL_NAME) -> FastAPI:
-    """Make the replay server.
+class _Load:
+    """Requests answered, and in flight now and at most (one event loop: no lock needed)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.in_flight = 0
+        self.peak_in_flight = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"requests": self.requests, "in_flight": self.in_flight, "peak_in_flight": self.peak_in_flight}
+
+
+def create_app(recordings_path: Path, model_name: str = DEFAULT_MODEL_NAME, *, latency_s: float = 0.0) -> FastAPI:
+    """Make the replay server; every answer takes ``latency_s`` seconds.
 
     Raises:
         ConfigurationError: the recordings cannot be read.
     """
     recordings: Recordings = load_recordings(recordings_path)
     app = FastAPI(title="pybench-eval replay model", version="0.1.0")
+    load = _Load()
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -76,8 +94,28 @@ def create_app(recordings_path: Path, model_name: str = DEFAULT_MODEL_NAME) -> F
     def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "pybench-eval"}]}
 
+    @app.get("/stats")
+    def stats() -> dict[str, int]:
+        return load.as_dict()
+
+    @app.post("/stats/reset")
+    def reset_stats() -> dict[str, int]:
+        load.requests, load.peak_in_flight = 0, load.in_flight
+        return load.as_dict()
+
     @app.post("/v1/chat/completions", response_model=None)
-    def chat_completions(body: ChatRequest) -> dict[str, Any] | JSONResponse:
+    async def chat_completions(body: ChatRequest) -> dict[str, Any] | JSONResponse:
+        load.requests += 1
+        load.in_flight += 1
+        load.peak_in_flight = max(load.peak_in_flight, load.in_flight)
+        try:
+            if latency_s > 0:
+                await asyncio.sleep(latency_s)
+            return answer(body)
+        finally:
+            load.in_flight -= 1
+
+    def answer(body: ChatRequest) -> dict[str, Any] | JSONResponse:
         messages = [m.model_dump() for m in body.messages]
         query = task_query(messages)
         if query is None or query not in recordings:
@@ -121,8 +159,15 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--model-name", default=DEFAULT_MODEL_NAME)
+    parser.add_argument(
+        "--latency",
+        type=float,
+        default=float(os.environ.get("PBE_REPLAY_LATENCY_S", "0")),
+        help="seconds every answer takes (default: PBE_REPLAY_LATENCY_S, else 0)",
+    )
     args = parser.parse_args()
-    uvicorn.run(create_app(args.trajectories, args.model_name), host=args.host, port=args.port, log_level="info")
+    app = create_app(args.trajectories, args.model_name, latency_s=max(0.0, args.latency))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,9 @@ class SandboxSpec:
     """Size cap of the writable ``/workspace`` (inputs and outputs); the root filesystem is read-only."""
     tmp_mb: int = 256
     """Size cap of each of the writable ``/tmp`` and home folders."""
+    worker: str = ""
+    """The executor that started it (``ExecutorSettings.WORKER_ID``), carried as a label so that the same worker,
+    started again, removes what its previous life left (``reap(worker=...)``); empty: no such label."""
 
 
 class SandboxBackend(ABC):
@@ -57,6 +60,11 @@ class SandboxBackend(ABC):
     telemetry_scope: str = "process"
     """Whose CPU and memory the per-cell probe measures: ``cgroup`` (the whole sandbox) or ``process`` (the
     kernel process), see ``executor.probe``."""
+
+    def problem(self) -> str | None:
+        """Why this backend cannot start sandboxes now (its engine or cluster unreachable, say), in words that
+        say what to fix; None when it can. A worker takes no session while there is one. Never raises."""
+        return None
 
     @abstractmethod
     def start(self, spec: SandboxSpec) -> SandboxHandle:
@@ -101,9 +109,11 @@ class SandboxBackend(ABC):
         """Destroy the sandbox and everything in it. Best effort: never raises for a sandbox already gone."""
 
     @abstractmethod
-    def reap(self, evaluation_id: str | None = None, older_than_s: float = 0.0) -> list[str]:
-        """Remove leftover sandboxes of this project (of one evaluation, or all) created more than
-        ``older_than_s`` seconds ago, with everything they own; return their names."""
+    def reap(
+        self, evaluation_id: str | None = None, older_than_s: float = 0.0, *, worker: str | None = None
+    ) -> list[str]:
+        """Remove leftover sandboxes of this project (of one evaluation, or all; of one ``worker``, or any
+        worker's) created more than ``older_than_s`` seconds ago, with everything they own; return their names."""
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,6 @@ from executor.sandboxes.base import (
 )
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
 from services.sandbox import (
-    EVALUATION_LABEL,
     PROJECT,
     PROJECT_LABEL,
     ROLE_LABEL,
@@ -46,6 +45,7 @@ from services.sandbox import (
     WORKSPACE,
     SandboxHandle,
     docker_created_epoch,
+    reap_selector,
     sandbox_labels,
     sandbox_name,
 )
@@ -83,6 +83,16 @@ class DockerSandboxBackend(SandboxBackend):
                 raise SandboxStartError(f"cannot reach the Docker engine: {exc}; is DOCKER_HOST right?") from exc
         return self._client
 
+    def problem(self) -> str | None:
+        try:
+            self.client.ping()
+        except (*_DOCKER_ERRORS, SandboxStartError) as exc:
+            return (
+                f"cannot reach the Docker engine ({exc}): check DOCKER_HOST, and that this process may use the "
+                "engine's socket (in compose, DOCKER_GID must be the socket's group)"
+            )
+        return None
+
     def ensure_network(self) -> None:
         """Create the internal sandbox network when it does not exist yet."""
         if not self.client.networks.list(names=[self.network]):
@@ -93,7 +103,7 @@ class DockerSandboxBackend(SandboxBackend):
     def start(self, spec: SandboxSpec) -> SandboxHandle:
         token = secrets.token_urlsafe(24)
         name = sandbox_name(spec.evaluation_id, spec.task_index, spec.attempt)
-        labels = sandbox_labels(spec.evaluation_id, spec.task_index, spec.attempt)
+        labels = sandbox_labels(spec.evaluation_id, spec.task_index, spec.attempt, spec.worker)
         tmpfs = f"rw,nosuid,nodev,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,size={spec.tmp_mb}m"
         try:
             self.ensure_network()
@@ -329,10 +339,11 @@ class DockerSandboxBackend(SandboxBackend):
     def stop(self, handle: SandboxHandle) -> None:
         self._remove(handle.sandbox_id, handle.name)
 
-    def reap(self, evaluation_id: str | None = None, older_than_s: float = 0.0) -> list[str]:
-        filters = [f"{ROLE_LABEL}={SANDBOX_ROLE}"]
-        if evaluation_id is not None:
-            filters.append(f"{EVALUATION_LABEL}={evaluation_id}")
+    def reap(
+        self, evaluation_id: str | None = None, older_than_s: float = 0.0, *, worker: str | None = None
+    ) -> list[str]:
+        selector = reap_selector(evaluation_id, worker)
+        filters = [f"{ROLE_LABEL}={SANDBOX_ROLE}", *(f"{key}={value}" for key, value in selector.items())]
         cutoff = time.time() - older_than_s
         removed = []
         for container in self.client.containers.list(all=True, filters={"label": filters}):

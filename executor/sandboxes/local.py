@@ -73,7 +73,7 @@ from executor.sandboxes.base import (
     TreeCollector,
 )
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
-from services.sandbox import EVALUATION_LABEL, WORKSPACE, SandboxHandle, sandbox_labels, sandbox_name
+from services.sandbox import WORKSPACE, SandboxHandle, reap_selector, sandbox_labels, sandbox_name
 
 SANDBOX_DIR_PREFIX = "pbe-local-"
 """Every local sandbox's folder under the root starts with this, so ``reap`` finds them all."""
@@ -159,7 +159,7 @@ class LocalSandboxBackend(SandboxBackend):
         """
         token = secrets.token_urlsafe(24)
         name = sandbox_name(spec.evaluation_id, spec.task_index, spec.attempt)
-        labels = sandbox_labels(spec.evaluation_id, spec.task_index, spec.attempt)
+        labels = sandbox_labels(spec.evaluation_id, spec.task_index, spec.attempt, spec.worker)
         _prune_children()
         if self.config_file is not None and not self.config_file.is_file():
             raise SandboxStartError(
@@ -351,9 +351,11 @@ class LocalSandboxBackend(SandboxBackend):
         pid, _, _ = handle.sandbox_id.partition(":")
         self._destroy(layout, int(pid))
 
-    def reap(self, evaluation_id: str | None = None, older_than_s: float = 0.0) -> list[str]:
-        """Remove the sandboxes under this backend's root (of one evaluation, or all) made more than
-        ``older_than_s`` seconds ago, killing their processes; return their names. Never raises."""
+    def reap(
+        self, evaluation_id: str | None = None, older_than_s: float = 0.0, *, worker: str | None = None
+    ) -> list[str]:
+        """Remove the sandboxes under this backend's root (of one evaluation, or all; of one worker, or any's)
+        made more than ``older_than_s`` seconds ago, killing their processes; return their names. Never raises."""
         cutoff = time.time() - older_than_s
         removed = []
         try:
@@ -366,9 +368,8 @@ class LocalSandboxBackend(SandboxBackend):
             if meta is None or folder.is_symlink():
                 continue
             labels = meta.get("labels")
-            if evaluation_id is not None and (
-                not isinstance(labels, dict) or labels.get(EVALUATION_LABEL) != evaluation_id
-            ):
+            wanted = reap_selector(evaluation_id, worker)
+            if wanted and (not isinstance(labels, dict) or any(labels.get(k) != v for k, v in wanted.items())):
                 continue
             created = meta.get("created")
             if not isinstance(created, int | float) or created > cutoff:
