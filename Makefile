@@ -17,7 +17,7 @@ export PBE_SUITE_DIR DOCKER_GID PBE_GATEWAY_PORT BASE_IMAGE
 
 COMPOSE := docker compose -p pybench-eval
 
-.PHONY: help install compose-plugin base-image wheels images real-model up down demo test lint bench bench-sandbox bench-grading reap
+.PHONY: help install compose-plugin base-image wheels images real-model up down demo test lint bench bench-sandbox bench-grading bench-throughput reap
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -73,6 +73,9 @@ bench-sandbox: images ## Sandbox figures: cold start vs bare docker run, warm ha
 
 bench-grading: images ## Grading figures: every suite task graded (both gradings, checks in grading sandboxes)
 	$(PYTHON) scripts/bench_grading.py --suite $(PBE_SUITE_DIR)
+
+bench-throughput: up ## All 143 tasks through the stack (instant and 2 s model) against PyBench's unisolated way (root)
+	set -a; . ./.env; set +a; $(PYTHON) scripts/bench_throughput.py --suite $(PBE_SUITE_DIR)
 
 lint: ## ruff and mypy
 	$(PYTHON) -m ruff check services gateway executor grader tests scripts

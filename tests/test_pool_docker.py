@@ -72,7 +72,9 @@ def test_a_warm_sandbox_that_died_is_replaced(backend: DockerSandboxBackend) -> 
         (container,) = _pool_containers()
         container.kill()  # type: ignore[attr-defined]
         sandbox = pool.take(SandboxSpec(EVALUATION, 1, 1, image=IMAGE))
-        assert not sandbox.warm
+        # never the dead one: the pool discards it and hands out its next start (it waits for the pool's start
+        # rather than starting one of its own beside it)
+        assert sandbox.handle.sandbox_id != container.id  # type: ignore[attr-defined]
         execution, _ = sandbox.kernel.execute("1", timeout_s=30)
         assert execution.ok
         sandbox.kernel.close()
@@ -80,3 +82,31 @@ def test_a_warm_sandbox_that_died_is_replaced(backend: DockerSandboxBackend) -> 
     finally:
         pool.close()
     assert _pool_containers() == []
+
+
+def test_a_pool_of_two_keeps_two_ready_labelled_with_its_worker_and_the_next_life_sweeps_them(
+    backend: DockerSandboxBackend,
+) -> None:
+    from executor.worker import _sweep
+    from services.sandbox import WORKER_LABEL
+
+    spec = SandboxSpec(EVALUATION, 0, 0, image=IMAGE, worker="pool-test-worker")
+    pool = WarmPool(backend, spec, size=2, starts=2, prewarm=False)
+    try:
+        assert pool.wait_ready(180, count=2), pool.last_error
+        containers = _pool_containers()
+        assert len(containers) == 2
+        assert {c.labels[WORKER_LABEL] for c in containers} == {"pool-test-worker"}  # type: ignore[attr-defined]
+        taken = pool.take(SandboxSpec(EVALUATION, 1, 1, image=IMAGE, worker="pool-test-worker"))
+        assert taken.warm and taken.handle.sandbox_id in {c.id for c in containers}  # type: ignore[attr-defined]
+        taken.kernel.close()  # the session's sandbox is "left behind", as by a worker killed outright
+    finally:
+        pool._closed = True  # a killed worker closes nothing: its pool's sandboxes stay behind too
+    other = backend.start(SandboxSpec(EVALUATION, 3, 1, image=IMAGE, worker="another-worker"))
+    try:
+        _sweep(backend, "pool-test-worker")  # what the same worker does first when it starts again
+        left = docker.from_env().containers.list(all=True, filters={"label": f"{WORKER_LABEL}=pool-test-worker"})
+        assert left == [], "the previous life's sandboxes are still there"
+        assert docker.from_env().containers.get(other.sandbox_id).status == "running"  # not another worker's
+    finally:
+        backend.stop(other)

@@ -19,6 +19,7 @@ import io
 import secrets
 import socket
 import tarfile
+import threading
 import time
 from typing import Any
 
@@ -73,6 +74,8 @@ class DockerSandboxBackend(SandboxBackend):
         self.network = network
         self._client = client
         self._peer: str | None = None
+        self._network_lock = threading.Lock()
+        self._network_ready = False
 
     @property
     def client(self) -> Any:
@@ -94,11 +97,19 @@ class DockerSandboxBackend(SandboxBackend):
         return None
 
     def ensure_network(self) -> None:
-        """Create the internal sandbox network when it does not exist yet."""
-        if not self.client.networks.list(names=[self.network]):
-            self.client.networks.create(
-                self.network, driver="bridge", internal=True, labels={PROJECT_LABEL: PROJECT, ROLE_LABEL: _NETWORK_ROLE}
-            )
+        """Create the internal sandbox network when it does not exist yet (once per backend: sandboxes start in
+        several threads at once, and two creations would make two networks of one name)."""
+        with self._network_lock:
+            if self._network_ready:
+                return
+            if not self.client.networks.list(names=[self.network]):
+                self.client.networks.create(
+                    self.network,
+                    driver="bridge",
+                    internal=True,
+                    labels={PROJECT_LABEL: PROJECT, ROLE_LABEL: _NETWORK_ROLE},
+                )
+            self._network_ready = True
 
     def start(self, spec: SandboxSpec) -> SandboxHandle:
         token = secrets.token_urlsafe(24)

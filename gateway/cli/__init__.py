@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--tasks", metavar="SPEC", help="task indices like 1,2,5-9 (default: every task)")
     submit.add_argument("--prompt", metavar="NAME", help="the suite prompt (the gateway's default: llama3)")
     submit.add_argument("--max-turns", type=int, metavar="N", help="assistant turns per task (default 10)")
+    submit.add_argument(
+        "--max-concurrency",
+        type=int,
+        metavar="N",
+        help="sessions of this evaluation that may call the endpoint at once, across all executors (default 16)",
+    )
     submit.add_argument("--judge-url", metavar="URL", help="an LLM judge's OpenAI-compatible base URL")
     submit.add_argument("--judge-model", metavar="NAME", help="the judge's model name")
     submit.add_argument("--judge-mode", choices=("absolute", "pairwise"), default="absolute")

@@ -90,6 +90,8 @@ def submit(args: argparse.Namespace, client: GatewayClient, printer: Printer) ->
         body["prompt"] = args.prompt
     if args.max_turns is not None:
         body["max_turns"] = args.max_turns
+    if args.max_concurrency is not None:
+        body["max_concurrency"] = args.max_concurrency
     judge_given = [args.judge_url is not None, args.judge_model is not None]
     if any(judge_given) and not all(judge_given):
         raise UsageError("a judge needs both --judge-url and --judge-model")
@@ -113,8 +115,8 @@ def submit(args: argparse.Namespace, client: GatewayClient, printer: Printer) ->
     unavailable = evaluation.get("unavailable_tasks") or []
     skipped = f" ({len(unavailable)} unavailable here: {', '.join(map(str, unavailable))})" if unavailable else ""
     _note(
-        f"submitted evaluation {evaluation['id']}: {len(evaluation['tasks'])} tasks{skipped}; "
-        f"follow it with `pybench-eval watch {evaluation['id']}`"
+        f"submitted evaluation {evaluation['id']}: {len(evaluation['tasks'])} tasks{skipped}, at most "
+        f"{evaluation.get('max_concurrency', '?')} at once; follow it with `pybench-eval watch {evaluation['id']}`"
     )
     if args.watch:
         watch(client, evaluation["id"], printer, json_lines=args.json)
