@@ -165,3 +165,19 @@ def test_a_displayed_chart_is_kept_as_png(kernel: KernelClient) -> None:
     assert execution.ok, output.items
     assert len(output.images) == 1
     assert base64.b64decode(output.images[0]).startswith(b"\x89PNG")
+
+
+def test_cells_that_try_the_network_fail_at_once_with_an_error_the_model_can_read(kernel: KernelClient) -> None:
+    # the resolver is out of reach (no loopback route but 127.0.0.1's): a lookup fails at once, not after the
+    # resolver's timeouts (10 s a name before), and pip, asked for a package the image lacks, gives up in seconds
+    started = time.monotonic()
+    execution, output = kernel.execute(
+        "import socket\ntry:\n    socket.getaddrinfo('pypi.org', 443)\nexcept OSError as exc:\n    print(repr(exc))",
+        timeout_s=30,
+    )
+    assert execution.ok and "gaierror" in output.items[0].text
+    assert time.monotonic() - started < 1.0
+    started = time.monotonic()
+    execution, output = kernel.execute("!pip install pbe-no-such-package-here", timeout_s=60)
+    assert "No matching distribution" in "".join(item.text for item in output.items)
+    assert time.monotonic() - started < 5.0

@@ -214,7 +214,13 @@ class DockerSandboxBackend(SandboxBackend):
             SandboxStartError: the routes could not be rewritten (the caller removes the sandbox).
         """
         peer = self.peer_address()
-        script = f"ip route flush table main && ip route add {peer}/32 dev eth0 && ip route show"
+        script = (
+            f"ip route flush table main && ip route add {peer}/32 dev eth0"
+            # no loopback but 127.0.0.1 (its own local route stays): the engine's resolver at 127.0.0.11 is unreachable, so a name lookup
+            # (pip install, requests.get) fails at once instead of waiting out the resolver's timeouts
+            " && ip route del local 127.0.0.0/8 dev lo table local"
+            " && ip route show"
+        )
         helper = self.client.containers.create(
             image,
             command=["sh", "-ec", script],
