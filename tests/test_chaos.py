@@ -1,0 +1,245 @@
+"""Chaos against the compose stack (``pytest -m chaos``): while an evaluation runs, executors are killed in the
+middle of sessions, Redis is restarted and killed, graders are killed as a grading starts, and sandboxes are
+killed. Each time the evaluation completes soon after the last blow, with exactly one verdict per task, no
+container or volume left behind, and the gateway's reconciler alive.
+
+The stack is the shipped ``docker-compose.yml`` under a project name of its own, with a replay model that takes
+a second per answer (so sessions last long enough to be hit), a reconciler pass every few seconds, and two
+executors of eight sessions each. A summary table of the recoveries is printed (``-s`` shows it) and written to
+``var/chaos-summary.txt``.
+"""
+
+import os
+import secrets
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import httpx
+import pytest
+
+from gateway.client import GatewayClient
+from services.sandbox import EVALUATION_LABEL, ROLE_LABEL, SANDBOX_ROLE, WORKER_LABEL
+from services.suite import load_suite
+from tests.fixtures import sandbox_objects
+from tests.servers import free_port
+
+pytestmark = [pytest.mark.chaos, pytest.mark.compose, pytest.mark.docker, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+STACK = "pbe-chaos"
+ADMIN_KEY = "pbe-chaos-admin-" + secrets.token_urlsafe(16)
+EXECUTORS = 2
+WARM_POOL_SIZE = 2
+RECOVERY_BOUND_S = 120.0
+"""Every evaluation completes within this long after the last blow."""
+
+TASKS = [44, 78, 79, 84, 85, 103, 112, 115, 118, 126, 134, 135, 29, 30, 33, 37]
+"""Sixteen recorded tasks with their inputs, of two or three replies each."""
+
+
+def compose(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["docker", "compose", "-p", STACK, *args], cwd=ROOT, env=env, text=True, capture_output=True, timeout=timeout
+    )
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    client: GatewayClient
+    url: str
+
+    def containers(self, service: str) -> list[Any]:
+        engine = docker.from_env()
+        found = engine.containers.list(
+            filters={"label": [f"com.docker.compose.project={STACK}", f"com.docker.compose.service={service}"]}
+        )
+        return sorted(found, key=lambda c: c.name)
+
+    def worker_ids(self) -> set[str]:
+        """The executors' ids, as their sandboxes' worker label carries them (their host names)."""
+        return {c.attrs["Config"]["Hostname"] for c in self.containers("executor")}
+
+
+@pytest.fixture(scope="module")
+def stack(suite_path: Path) -> Iterator[Stack]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "PBE_STACK": STACK,
+        "PBE_GATEWAY_PORT": str(port),
+        "PBE_SUITE_DIR": str(suite_path.resolve()),
+        "DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid),
+        "PBE_EXECUTORS": str(EXECUTORS),
+        "PBE_SESSIONS_PER_WORKER": "8",
+        "PBE_WARM_POOL_SIZE": str(WARM_POOL_SIZE),
+        "PBE_ADMIN_KEY": ADMIN_KEY,
+        "PBE_REPLAY_LATENCY_S": "1",
+        "PBE_RECONCILE_INTERVAL_S": "3",
+    }
+    up = compose(env, "up", "-d", "--no-build", "--wait", "--wait-timeout", "180")
+    try:
+        assert up.returncode == 0, up.stderr + compose(env, "logs", "--tail", "50").stdout
+        url = f"http://127.0.0.1:{port}"
+        client = GatewayClient(url, api_key=ADMIN_KEY)
+        yield Stack(env, client, url)
+        client.close()
+    finally:
+        logs = compose(env, "logs", "--no-color", "--tail", "300")
+        (ROOT / "var").mkdir(exist_ok=True)
+        (ROOT / "var" / "chaos-compose.log").write_text(logs.stdout + logs.stderr)
+        compose(env, "down", "-v", "--remove-orphans")
+
+
+def submit(stack: Stack) -> str:
+    view = stack.client.submit(
+        {
+            "model": {"base_url": "http://replay:8000/v1", "model": "pybench-replay"},
+            "tasks": TASKS,
+            "prompt": "gpt",
+            "preflight": False,
+            "max_concurrency": 8,
+        }
+    )
+    return str(view["evaluation"]["id"])
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.25)
+
+
+def counts(stack: Stack, evaluation_id: str) -> dict[str, int]:
+    return dict(stack.client.evaluation(evaluation_id)["progress"]["counts"])
+
+
+@dataclass
+class Recovery:
+    blow: str
+    count: int
+    completed_after_last_s: float
+    attempts_max: int
+    infra_errors: int
+
+
+def finish(stack: Stack, evaluation_id: str, blow: str, blows: int, last_blow: float) -> Recovery:
+    """Wait for the evaluation to complete (within ``RECOVERY_BOUND_S`` of the last blow) and check what it left."""
+    deadline = last_blow + RECOVERY_BOUND_S
+    while stack.client.evaluation(evaluation_id)["status"] != "completed":
+        assert time.monotonic() < deadline, f"{blow}: not complete {RECOVERY_BOUND_S:.0f} s after the last blow"
+        time.sleep(0.5)
+    recovered = time.monotonic() - last_blow
+    results = stack.client.results(evaluation_id)
+    indexes = [v["task_index"] for v in results["verdicts"]]
+    assert sorted(indexes) == sorted(TASKS), f"{blow}: lost or duplicated verdicts: {sorted(indexes)}"
+    assert results["complete"]
+    statuses = {v["task_index"]: v["status"] for v in results["verdicts"]}
+    # the environment broke, the agent did not: nothing is graded failed for it, and every attempt was recorded
+    assert all(s in ("passed", "failed", "infra_error") for s in statuses.values()), statuses
+    health = httpx.get(stack.url + "/health", timeout=10)
+    assert health.status_code == 200 and health.json() == {"status": "ok"}, health.text  # the reconciler lives
+    assert_nothing_left(stack, evaluation_id)
+    return Recovery(
+        blow,
+        blows,
+        round(recovered, 1),
+        max(v["attempt"] for v in results["verdicts"]),
+        sum(1 for s in statuses.values() if s == "infra_error"),
+    )
+
+
+def assert_nothing_left(stack: Stack, evaluation_id: str) -> None:
+    """No sandbox of the evaluation, and of the stack's executors no more than their warm pools (each worker's
+    previous life was swept when it started again); no volume without its container."""
+
+    def clean() -> bool:
+        left = 0
+        for worker in stack.worker_ids():
+            objects = sandbox_objects(**{WORKER_LABEL: worker})
+            boxes = {key: labels for key, labels in objects.items() if key[0] == "container"}
+            warm = [key for key, labels in boxes.items() if labels[ROLE_LABEL] == SANDBOX_ROLE]
+            left += max(0, len(warm) - WARM_POOL_SIZE)
+            names = {name for _, name in warm}
+            left += sum(1 for kind, name in objects if kind == "volume" and name not in names)
+        left += len(sandbox_objects(**{EVALUATION_LABEL: evaluation_id}))
+        return left == 0
+
+    wait_for(clean, 60, "the sandboxes of killed sessions and workers to be removed")
+
+
+def test_killed_executors_redis_graders_and_sandboxes_lose_nothing_and_leave_nothing(stack: Stack) -> None:
+    recoveries: list[Recovery] = []
+    engine = docker.from_env()
+
+    # five executors killed in the middle of sessions
+    evaluation_id = submit(stack)
+    last = time.monotonic()
+    for blow in range(5):
+        wait_for(lambda: counts(stack, evaluation_id).get("running", 0) > 0, 60, "a running session")
+        victim = stack.containers("executor")[blow % EXECUTORS]
+        victim.kill(signal="SIGKILL")
+        last = time.monotonic()
+        wait_for(lambda v=victim: engine.containers.get(v.id).status == "running", 60, "the executor's restart")
+        time.sleep(3)
+    recoveries.append(finish(stack, evaluation_id, "executor SIGKILL mid-session", 5, last))
+
+    # Redis restarted, then killed outright (its append-only file keeps what it held)
+    evaluation_id = submit(stack)
+    for how in ("restart", "kill"):
+        wait_for(lambda: counts(stack, evaluation_id).get("running", 0) > 0, 60, "a running session")
+        (redis,) = stack.containers("redis")
+        redis.restart(timeout=1) if how == "restart" else redis.kill(signal="SIGKILL")
+        last = time.monotonic()
+        wait_for(lambda r=redis: engine.containers.get(r.id).status == "running", 60, "Redis back")
+        time.sleep(4)
+    recoveries.append(finish(stack, evaluation_id, "Redis restart + SIGKILL", 2, last))
+
+    # graders killed the moment a grading starts
+    evaluation_id = submit(stack)
+    for blow in range(2):
+        wait_for(lambda: counts(stack, evaluation_id).get("grading", 0) > 0, 90, "a grading")
+        victim = stack.containers("grader")[blow % 2]
+        victim.kill(signal="SIGKILL")
+        last = time.monotonic()
+        wait_for(lambda v=victim: engine.containers.get(v.id).status == "running", 60, "the grader's restart")
+    recoveries.append(finish(stack, evaluation_id, "grader SIGKILL at grading", 2, last))
+
+    # sandboxes killed under running sessions (and in the warm pools)
+    evaluation_id = submit(stack)
+    killed = 0
+    while killed < 5:
+        wait_for(lambda: counts(stack, evaluation_id).get("running", 0) > 0, 60, "a running session")
+        workers = stack.worker_ids()
+        boxes = [
+            c
+            for c in engine.containers.list(filters={"label": f"{ROLE_LABEL}={SANDBOX_ROLE}"})
+            if c.labels.get(WORKER_LABEL) in workers
+        ]
+        if not boxes:
+            continue
+        boxes[killed % len(boxes)].kill(signal="SIGKILL")
+        killed += 1
+        last = time.monotonic()
+        time.sleep(2)
+    recoveries.append(finish(stack, evaluation_id, "sandbox SIGKILL", 5, last))
+
+    table = [f"{'blow':<32}{'count':>6}{'complete after last s':>23}{'max attempt':>13}{'infra':>7}"]
+    table += [
+        f"{r.blow:<32}{r.count:>6}{r.completed_after_last_s:>23}{r.attempts_max:>13}{r.infra_errors:>7}"
+        for r in recoveries
+    ]
+    (ROOT / "var").mkdir(exist_ok=True)
+    (ROOT / "var" / "chaos-summary.txt").write_text("\n".join(table) + "\n")
+    print("\n" + "\n".join(table))
+
+
+def test_the_suite_names_every_chaos_task(suite_path: Path) -> None:
+    suite = load_suite(suite_path)
+    assert all(suite.task(i).available for i in TASKS)
