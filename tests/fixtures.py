@@ -1,10 +1,16 @@
 """Helpers shared by several test modules: a gateway's settings and a valid submission, and the project's
-sandbox objects on the Docker engine."""
+sandbox objects on the Docker engine, and the compose stack under a project name of a test's own."""
 
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from gateway.settings import GatewaySettings
 from services.sandbox import PROJECT, PROJECT_LABEL
+
+ROOT = Path(__file__).resolve().parent.parent
 
 ADMIN_KEY = "pbe-test-admin-key-0f3a9c"
 """The operator's key of every gateway ``gateway_settings`` builds (sent as ``Authorization: Bearer``)."""
@@ -44,3 +50,38 @@ def sandbox_objects(**labels: str) -> dict[tuple[str, str], dict[str, str]]:
         found["volume", volume["Name"]] = dict(volume.get("Labels") or {})
     engine.close()
     return found
+
+
+@contextlib.contextmanager
+def compose_stack(project: str, suite_path: Path, admin_key: str, **variables: str) -> Iterator[str]:
+    """The shipped ``docker-compose.yml`` up under the project name ``project`` (its networks named after it),
+    the gateway on a free loopback port with ``admin_key``, the images already built; ``variables`` are more of
+    the compose file's variables (``PBE_EXECUTORS`` ...). Yields the gateway's URL; afterwards writes the stack's
+    logs to ``var/<project>-compose.log`` and takes it down with its volumes."""
+    from tests.servers import free_port
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "PBE_STACK": project,
+        "PBE_GATEWAY_PORT": str(port),
+        "PBE_SUITE_DIR": str(suite_path.resolve()),
+        "DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid),
+        "PBE_ADMIN_KEY": admin_key,
+        **variables,
+    }
+
+    def compose(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["docker", "compose", "-p", project, *args], cwd=ROOT, env=env, text=True, capture_output=True, timeout=600
+        )
+
+    up = compose("up", "-d", "--no-build", "--wait", "--wait-timeout", "180")
+    try:
+        assert up.returncode == 0, up.stderr + compose("logs", "--tail", "50").stdout
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        logs = compose("logs", "--no-color", "--tail", "300")
+        (ROOT / "var").mkdir(exist_ok=True)
+        (ROOT / "var" / f"{project}-compose.log").write_text(logs.stdout + logs.stderr)
+        compose("down", "-v", "--remove-orphans")

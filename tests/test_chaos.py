@@ -9,9 +9,7 @@ executors of eight sessions each. A summary table of the recoveries is printed (
 ``var/chaos-summary.txt``.
 """
 
-import os
 import secrets
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,8 +23,7 @@ import pytest
 from gateway.client import GatewayClient
 from services.sandbox import EVALUATION_LABEL, ROLE_LABEL, SANDBOX_ROLE, WORKER_LABEL
 from services.suite import load_suite
-from tests.fixtures import sandbox_objects
-from tests.servers import free_port
+from tests.fixtures import compose_stack, sandbox_objects
 
 pytestmark = [pytest.mark.chaos, pytest.mark.compose, pytest.mark.docker, pytest.mark.slow]
 
@@ -42,15 +39,8 @@ TASKS = [44, 78, 79, 84, 85, 103, 112, 115, 118, 126, 134, 135, 29, 30, 33, 37]
 """Sixteen recorded tasks with their inputs, of two or three replies each."""
 
 
-def compose(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["docker", "compose", "-p", STACK, *args], cwd=ROOT, env=env, text=True, capture_output=True, timeout=timeout
-    )
-
-
 @dataclass
 class Stack:
-    env: dict[str, str]
     client: GatewayClient
     url: str
 
@@ -68,32 +58,17 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(suite_path: Path) -> Iterator[Stack]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "PBE_STACK": STACK,
-        "PBE_GATEWAY_PORT": str(port),
-        "PBE_SUITE_DIR": str(suite_path.resolve()),
-        "DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid),
+    variables = {
         "PBE_EXECUTORS": str(EXECUTORS),
         "PBE_SESSIONS_PER_WORKER": "8",
         "PBE_WARM_POOL_SIZE": str(WARM_POOL_SIZE),
-        "PBE_ADMIN_KEY": ADMIN_KEY,
         "PBE_REPLAY_LATENCY_S": "1",
         "PBE_RECONCILE_INTERVAL_S": "3",
     }
-    up = compose(env, "up", "-d", "--no-build", "--wait", "--wait-timeout", "180")
-    try:
-        assert up.returncode == 0, up.stderr + compose(env, "logs", "--tail", "50").stdout
-        url = f"http://127.0.0.1:{port}"
+    with compose_stack(STACK, suite_path, ADMIN_KEY, **variables) as url:
         client = GatewayClient(url, api_key=ADMIN_KEY)
-        yield Stack(env, client, url)
+        yield Stack(client, url)
         client.close()
-    finally:
-        logs = compose(env, "logs", "--no-color", "--tail", "300")
-        (ROOT / "var").mkdir(exist_ok=True)
-        (ROOT / "var" / "chaos-compose.log").write_text(logs.stdout + logs.stderr)
-        compose(env, "down", "-v", "--remove-orphans")
 
 
 def submit(stack: Stack) -> str:

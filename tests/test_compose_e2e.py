@@ -1,9 +1,7 @@
 """The whole stack through docker compose: tasks submitted over REST run in sandboxes of their own against
 the replay model, are graded, and leave no sandbox behind."""
 
-import os
 import secrets
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,12 +13,10 @@ from executor.pool import POOL_EVALUATION
 from gateway.client import GatewayClient, GatewayError
 from services.sandbox import EVALUATION_LABEL, GRADING_ROLE, ROLE_LABEL, SANDBOX_ROLE
 from services.suite import load_suite
-from tests.fixtures import sandbox_objects
-from tests.servers import free_port
+from tests.fixtures import compose_stack, sandbox_objects
 
 pytestmark = [pytest.mark.compose, pytest.mark.docker, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parent.parent
 STACK = "pbe-e2e"
 TASKS = [13, 30, 44, 77, 79, 134]
 """Five tasks whose recorded trajectories succeed, across four categories, and task 13 whose input is missing.
@@ -37,41 +33,18 @@ WARM_POOL_SIZE = 2
 ADMIN_KEY = "pbe-e2e-admin-" + secrets.token_urlsafe(16)
 
 
-def compose(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["docker", "compose", "-p", STACK, *args], cwd=ROOT, env=env, text=True, capture_output=True, timeout=600
-    )
-
-
 @pytest.fixture(scope="module")
 def gateway(suite_path: Path) -> Iterator[GatewayClient]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "PBE_STACK": STACK,
-        "PBE_GATEWAY_PORT": str(port),
-        "PBE_SUITE_DIR": str(suite_path.resolve()),
-        "DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid),
-        "PBE_EXECUTORS": str(EXECUTORS),
-        "PBE_WARM_POOL_SIZE": str(WARM_POOL_SIZE),
-        "PBE_ADMIN_KEY": ADMIN_KEY,
-    }
     before = sandbox_objects()
-    up = compose(env, "up", "-d", "--no-build", "--wait", "--wait-timeout", "180")
-    try:
-        assert up.returncode == 0, up.stderr + compose(env, "logs", "--tail", "50").stdout
-        client = GatewayClient(f"http://127.0.0.1:{port}", api_key=ADMIN_KEY)
+    variables = {"PBE_EXECUTORS": str(EXECUTORS), "PBE_WARM_POOL_SIZE": str(WARM_POOL_SIZE)}
+    with compose_stack(STACK, suite_path, ADMIN_KEY, **variables) as url:
+        client = GatewayClient(url, api_key=ADMIN_KEY)
         yield client
         client.close()
-    finally:
-        logs = compose(env, "logs", "--no-color", "--tail", "200")
-        (ROOT / "var").mkdir(exist_ok=True)
-        (ROOT / "var" / "e2e-compose.log").write_text(logs.stdout + logs.stderr)
-        compose(env, "down", "-v", "--remove-orphans")
-        # The executors' warm sandboxes go with them: no sandbox object of the project (any role, any evaluation
-        # label, warm-pool included) is left that was not there before the stack started.
-        left = {key: labels for key, labels in sandbox_objects().items() if key not in before}
-        assert left == {}, f"sandbox containers or volumes left after the stack stopped: {left}"
+    # The executors' warm sandboxes go with them: no sandbox object of the project (any role, any evaluation
+    # label, warm-pool included) is left that was not there before the stack started.
+    left = {key: labels for key, labels in sandbox_objects().items() if key not in before}
+    assert left == {}, f"sandbox containers or volumes left after the stack stopped: {left}"
 
 
 def test_tasks_submitted_over_rest_run_each_in_its_own_sandbox_and_are_graded(
