@@ -216,8 +216,8 @@ class DockerSandboxBackend(SandboxBackend):
         peer = self.peer_address()
         script = (
             f"ip route flush table main && ip route add {peer}/32 dev eth0"
-            # no loopback but 127.0.0.1 (its own local route stays): the engine's resolver at 127.0.0.11 is unreachable, so a name lookup
-            # (pip install, requests.get) fails at once instead of waiting out the resolver's timeouts
+            # no loopback but 127.0.0.1 (its own local route stays): the engine's resolver at 127.0.0.11 is out of
+            # reach, so a name lookup (pip install, requests.get) fails at once instead of waiting out its timeouts
             " && ip route del local 127.0.0.0/8 dev lo table local"
             " && ip route show"
         )
