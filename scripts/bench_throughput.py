@@ -196,11 +196,23 @@ def run_service(client: GatewayClient, tasks: list[int], max_concurrency: int, t
 # --- the baseline -----------------------------------------------------------------------------------------------
 
 
+BASELINE_PYTHON = Path("/usr/bin/python3")
+"""The baseline's interpreter: Debian's (bookworm's 3.11.2, the sandbox image's), which the unprivileged user it runs
+as can read, unlike a Python installed under a home folder."""
+
+
 def make_venv(folder: Path) -> Path:
-    """A fresh virtual environment with the sandbox image's packages (from the local wheelhouse), owned by the
-    unprivileged user the baseline runs as. Returns its python."""
+    """A fresh virtual environment of ``BASELINE_PYTHON`` with the sandbox image's packages (from the local
+    wheelhouse), owned by the unprivileged user the baseline runs as. Returns its python.
+
+    Raises:
+        SystemExit: Debian's python3 or its venv module is missing (it says what to install).
+    """
+    if subprocess.run([str(BASELINE_PYTHON), "-c", "import venv, ensurepip"], capture_output=True).returncode != 0:
+        raise SystemExit("the baseline needs Debian's python3 with venv: apt-get install -y python3-venv")
     shutil.rmtree(folder, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([str(BASELINE_PYTHON), "-m", "venv", str(folder)], check=True)
     wheels = ROOT / "executor" / "image" / "staged" / "wheels"
     source = ["--no-index", "--find-links", str(wheels)] if any(wheels.glob("*.whl")) else []
     subprocess.run([str(folder / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
@@ -243,6 +255,7 @@ def main() -> int:
     )
     parser.add_argument("--threads", type=int, default=16, help="the baseline's sessions at once (PyBench: 16)")
     parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--resume", action="store_true", help="reuse the runs saved under var/bench by a run cut short")
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("run as root: the benchmark reads cgroup files and the artifact volume, and runs unshare")
@@ -255,19 +268,28 @@ def main() -> int:
     os.chmod(plan_file, 0o644)
     client = GatewayClient(args.gateway, api_key=os.environ.get("PBE_ADMIN_KEY"))
     runs: dict[str, dict[str, Any]] = {}
+    venv = Path(tempfile.gettempdir()) / "pbe-bench-baseline-venv"
     try:
         for name, latency, limit in (
             ("instant", 0.0, args.max_concurrency),
             ("latency", args.latency, args.latency_max_concurrency),
         ):
-            set_replay_latency(latency)
-            print(f"service, model answering in {latency:.0f} s, {limit} at once: {len(tasks)} tasks ...", flush=True)
-            runs[f"{name}_service"] = run_service(client, tasks, limit, args.timeout)
-            print(f"baseline, model answering in {latency:.0f} s ...", flush=True)
-            runs[f"{name}_baseline"] = run_baseline(plan_file, work / "baseline-venv", args.threads, latency)
+            service = work / f"throughput-{name}-service.json"
+            if not (args.resume and service.is_file()):
+                set_replay_latency(latency)
+                print(f"service, model answering in {latency:.0f} s, {limit} at once ...", flush=True)
+                service.write_text(json.dumps(run_service(client, tasks, limit, args.timeout)))
+            runs[f"{name}_service"] = json.loads(service.read_text())
+            runs[f"{name}_service"]["statuses"] = {int(k): v for k, v in runs[f"{name}_service"]["statuses"].items()}
+            baseline = work / f"throughput-{name}-baseline.json"
+            if not (args.resume and baseline.is_file()):
+                print(f"baseline, model answering in {latency:.0f} s ...", flush=True)
+                baseline.write_text(json.dumps(run_baseline(plan_file, venv, args.threads, latency)))
+            runs[f"{name}_baseline"] = json.loads(baseline.read_text())
     finally:
         set_replay_latency(0.0)
         client.close()
+        shutil.rmtree(venv, ignore_errors=True)
     instant, slow = runs["instant_service"], runs["latency_service"]
     differ = sorted(i for i, s in instant["statuses"].items() if slow["statuses"].get(i) != s)
     print(f"\n{'run':<28}{'wall s':>9}{'tasks':>7}{'infra':>7}{'peak sessions':>15}{'CPU s':>9}")
