@@ -9,8 +9,8 @@ kept ready), filled when the worker starts and emptied when it stops.
 What keeps it honest when things break:
 
 - **Its death is seen fast.** A thread beats the worker's heartbeat every ``DEFAULT_HEARTBEAT_INTERVAL_S`` with
-  a short time to live, so a worker killed mid-session is dead (its ``rq:worker:<name>`` key gone) within
-  ``DEFAULT_HEARTBEAT_TTL_S`` and the gateway's reconciler queues its sessions again.
+  a short time to live (``services.liveness``), so a worker killed mid-session is dead (its ``rq:worker:<name>``
+  key gone) within ``DEFAULT_HEARTBEAT_TTL_S`` and the gateway's reconciler queues its sessions again.
 - **It rides out a Redis outage.** Its connection retries every command for about a minute
   (``services.settings.redis_retry``), and its loop waits for Redis to come back instead of quitting.
 - **It cleans up after its previous life.** Sandboxes carry the worker's id (``PBE_WORKER_ID``, the host name
@@ -41,6 +41,7 @@ from executor.pool import POOL_EVALUATION, WarmPool
 from executor.sandboxes.base import SandboxBackend
 from executor.sandboxes.registry import get_backend
 from executor.settings import ExecutorSettings
+from services.liveness import DEFAULT_HEARTBEAT_INTERVAL_S, ShortHeartbeat
 from services.settings import redis_retry
 
 log = logging.getLogger(__name__)
@@ -79,13 +80,6 @@ def close_pool() -> None:
         _pool = None
 
 
-DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
-"""How often a worker says it is alive, also while sessions run."""
-
-DEFAULT_HEARTBEAT_TTL_S = 20
-"""A worker that has not said so for this long is dead: its ``rq:worker:<name>`` key expires, and the reconciler
-queues its sessions again (RQ alone keeps that key for the job's whole timeout, an hour, while a job runs)."""
-
 DEFAULT_DEQUEUE_WAIT_S = 2
 """How long one wait for a job blocks, so that a stop request or a changed backend is seen soon."""
 
@@ -93,7 +87,7 @@ DEFAULT_BACKOFF_MAX_S = 30.0
 """The longest wait between two checks of an unreachable Redis or sandbox backend."""
 
 
-class ExecutorWorker(SimpleWorker):
+class ExecutorWorker(ShortHeartbeat, SimpleWorker):
     """An RQ worker that runs up to ``PBE_SESSIONS_PER_WORKER`` jobs at once in threads of its own (see the
     module's description)."""
 
@@ -221,11 +215,6 @@ class ExecutorWorker(SimpleWorker):
         self._quietly(self.set_shutdown_requested_date)
         if self._running() == 0:
             raise StopRequested()
-
-    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
-        """RQ's heartbeat, with this worker's short time to live whatever RQ asks (it asks for the job's timeout
-        when a job starts)."""
-        super().heartbeat(DEFAULT_HEARTBEAT_TTL_S, pipeline)
 
     def _beat(self, stop: threading.Event) -> None:
         while not stop.wait(DEFAULT_HEARTBEAT_INTERVAL_S):

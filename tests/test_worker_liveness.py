@@ -1,6 +1,8 @@
 """A killed executor worker is seen dead within seconds (issue: its task stayed ``running`` for an hour): a real
-``rq worker`` process of ``ExecutorWorker`` on a real Redis, killed with SIGKILL in the middle of a job."""
+``rq worker`` process of ``ExecutorWorker`` (and of ``GraderWorker``) on a real Redis, killed with SIGKILL in the
+middle of a job."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,26 +15,28 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from executor.worker import DEFAULT_HEARTBEAT_TTL_S
 from gateway.reconcile import _alive
+from services.liveness import DEFAULT_HEARTBEAT_TTL_S
 
 QUEUE = "pbe-liveness-test"
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("worker_class", ["executor.worker.ExecutorWorker", "grader.worker.GraderWorker"])
 def test_a_worker_killed_mid_job_is_dead_to_the_reconciler_within_its_heartbeat_ttl(
-    redis_url: str, redis_client: Redis
+    redis_url: str, redis_client: Redis, worker_class: str
 ) -> None:
     job = Queue(QUEUE, connection=redis_client, serializer=JSONSerializer).enqueue_call(
         "time.sleep", args=(600,), job_id="pbe-liveness-job", timeout=3600
     )
     env = {**os.environ, "PBE_REDIS_URL": redis_url, "PBE_WARM_POOL": "false"}
     worker = subprocess.Popen(
-        [sys.executable, "-m", "rq.cli", "worker", "--url", redis_url, "--worker-class",
-         "executor.worker.ExecutorWorker", "--serializer", "rq.serializers.JSONSerializer", QUEUE],
+        [sys.executable, "-m", "rq.cli", "worker", "--url", redis_url, "--worker-class", worker_class,
+         "--serializer", "rq.serializers.JSONSerializer", QUEUE],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,  # the grader's job runs in a child: the test ends both
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 30
@@ -51,6 +55,6 @@ def test_a_worker_killed_mid_job_is_dead_to_the_reconciler_within_its_heartbeat_
             time.sleep(0.5)
         assert time.monotonic() - killed <= DEFAULT_HEARTBEAT_TTL_S + 1
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
