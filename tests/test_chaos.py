@@ -9,7 +9,9 @@ executors of eight sessions each. A summary table of the recoveries is printed (
 ``var/chaos-summary.txt``.
 """
 
+import os
 import secrets
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -69,6 +71,23 @@ def stack(suite_path: Path) -> Iterator[Stack]:
         client = GatewayClient(url, api_key=ADMIN_KEY)
         yield Stack(client, url)
         client.close()
+
+
+def crash(container: Any) -> None:
+    """Kill a container's main process with SIGKILL from the host, as a crash or the kernel's OOM killer would: its
+    restart policy brings it back (a ``docker kill`` counts as a stop by hand, and nothing restarts it)."""
+    container.reload()
+    os.kill(int(container.attrs["State"]["Pid"]), signal.SIGKILL)
+
+
+def restarted(container: Any, started_at: str) -> Callable[[], bool]:
+    """Whether ``container`` runs again since it was started at ``started_at``."""
+
+    def check() -> bool:
+        container.reload()
+        return bool(container.status == "running" and container.attrs["State"]["StartedAt"] != started_at)
+
+    return check
 
 
 def submit(stack: Stack) -> str:
@@ -159,9 +178,10 @@ def test_killed_executors_redis_graders_and_sandboxes_lose_nothing_and_leave_not
     for blow in range(5):
         wait_for(lambda: counts(stack, evaluation_id).get("running", 0) > 0, 60, "a running session")
         victim = stack.containers("executor")[blow % EXECUTORS]
-        victim.kill(signal="SIGKILL")
+        started_at = victim.attrs["State"]["StartedAt"]
+        crash(victim)
         last = time.monotonic()
-        wait_for(lambda v=victim: engine.containers.get(v.id).status == "running", 60, "the executor's restart")
+        wait_for(restarted(victim, started_at), 60, "the executor's restart")
         time.sleep(3)
     recoveries.append(finish(stack, evaluation_id, "executor SIGKILL mid-session", 5, last))
 
@@ -170,9 +190,10 @@ def test_killed_executors_redis_graders_and_sandboxes_lose_nothing_and_leave_not
     for how in ("restart", "kill"):
         wait_for(lambda: counts(stack, evaluation_id).get("running", 0) > 0, 60, "a running session")
         (redis,) = stack.containers("redis")
-        redis.restart(timeout=1) if how == "restart" else redis.kill(signal="SIGKILL")
+        started_at = redis.attrs["State"]["StartedAt"]
+        redis.restart(timeout=1) if how == "restart" else crash(redis)
         last = time.monotonic()
-        wait_for(lambda r=redis: engine.containers.get(r.id).status == "running", 60, "Redis back")
+        wait_for(restarted(redis, started_at), 60, "Redis back")
         time.sleep(4)
     recoveries.append(finish(stack, evaluation_id, "Redis restart + SIGKILL", 2, last))
 
@@ -181,9 +202,10 @@ def test_killed_executors_redis_graders_and_sandboxes_lose_nothing_and_leave_not
     for blow in range(2):
         wait_for(lambda: counts(stack, evaluation_id).get("grading", 0) > 0, 90, "a grading")
         victim = stack.containers("grader")[blow % 2]
-        victim.kill(signal="SIGKILL")
+        started_at = victim.attrs["State"]["StartedAt"]
+        crash(victim)
         last = time.monotonic()
-        wait_for(lambda v=victim: engine.containers.get(v.id).status == "running", 60, "the grader's restart")
+        wait_for(restarted(victim, started_at), 60, "the grader's restart")
     recoveries.append(finish(stack, evaluation_id, "grader SIGKILL at grading", 2, last))
 
     # sandboxes killed under running sessions (and in the warm pools)
@@ -199,7 +221,8 @@ def test_killed_executors_redis_graders_and_sandboxes_lose_nothing_and_leave_not
         ]
         if not boxes:
             continue
-        boxes[killed % len(boxes)].kill(signal="SIGKILL")
+        # the oldest first: a pool's ready sandboxes are its newest, so the oldest serve sessions
+        min(boxes, key=lambda c: c.attrs["Created"]).kill(signal="SIGKILL")
         killed += 1
         last = time.monotonic()
         time.sleep(2)
