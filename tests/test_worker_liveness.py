@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from redis import Redis
@@ -58,3 +59,39 @@ def test_a_worker_killed_mid_job_is_dead_to_the_reconciler_within_its_heartbeat_
         with contextlib.suppress(ProcessLookupError):
             os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_a_worker_that_cannot_reach_the_docker_engine_takes_no_session_and_says_why(
+    redis_url: str, redis_client: Redis, tmp_path: Path
+) -> None:
+    job = Queue(QUEUE, connection=redis_client, serializer=JSONSerializer).enqueue_call(
+        "time.sleep", args=(1,), job_id="pbe-no-engine-job", timeout=60
+    )
+    env = {
+        **os.environ,
+        "PBE_REDIS_URL": redis_url,
+        "PBE_WARM_POOL": "false",
+        "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock",  # as with the socket's group wrong: refused at once
+    }
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "rq.cli", "worker", "--url", redis_url, "--worker-class",
+             "executor.worker.ExecutorWorker", "--serializer", "rq.serializers.JSONSerializer", QUEUE],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while b"not taking sessions" not in log.read_bytes():
+            assert time.monotonic() < deadline and worker.poll() is None, log.read_text()[-2000:]
+            time.sleep(0.5)
+        time.sleep(3)  # a few of its checks later: still alive, still not taking the job, backing off
+        assert worker.poll() is None
+        assert Job.fetch(job.id, connection=redis_client, serializer=JSONSerializer).get_status() == JobStatus.QUEUED
+        text = log.read_text()
+        assert "cannot reach the Docker engine" in text and "DOCKER_GID" in text
+        assert text.count("not taking sessions") <= 4, "no backoff between its checks"
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
