@@ -188,11 +188,10 @@ class WarmPool:
         deadline = time.monotonic() + timeout_s
         with self._ready_changed:
             while not self._ready:
-                if self._closed:
-                    return None
-                self._fill_locked()
-                if self._starting == 0 and self._failing:
-                    return None
+                if self._closed or (self._failing and self._starting == 0):
+                    return None  # a failing pool is retried by ``fill`` after the caller's own start
+                if not self._failing:
+                    self._fill_locked()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None

@@ -110,3 +110,21 @@ def test_a_pool_of_two_keeps_two_ready_labelled_with_its_worker_and_the_next_lif
         assert docker.from_env().containers.get(other.sandbox_id).status == "running"  # not another worker's
     finally:
         backend.stop(other)
+
+
+def test_a_pool_that_cannot_start_sandboxes_fails_a_take_at_once(backend: DockerSandboxBackend) -> None:
+    import time
+
+    from services.errors import SandboxStartError
+
+    missing = "pybench-eval/no-such-image:latest"
+    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=missing), size=2, prewarm=False)
+    try:
+        pool.fill()
+        started = time.monotonic()
+        with pytest.raises(SandboxStartError, match="make images"):
+            pool.take(SandboxSpec(EVALUATION, 1, 1, image=missing))
+        assert time.monotonic() - started < 10, "the take waited for a pool that cannot start anything"
+        assert pool.last_error is not None and "make images" in pool.last_error
+    finally:
+        pool.close()
