@@ -22,7 +22,7 @@ import docker
 import httpx
 import pytest
 
-from gateway.client import GatewayClient
+from gateway.client import GatewayClient, GatewayError, GatewayUnreachableError
 from services.sandbox import EVALUATION_LABEL, ROLE_LABEL, SANDBOX_ROLE, WORKER_LABEL
 from services.suite import load_suite
 from tests.fixtures import compose_stack, sandbox_objects
@@ -110,43 +110,70 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None
         time.sleep(0.25)
 
 
-def counts(stack: Stack, evaluation_id: str) -> dict[str, int]:
-    return dict(stack.client.evaluation(evaluation_id)["progress"]["counts"])
+def ask(call: Callable[[], Any]) -> Any:
+    """A gateway call, asked again for up to 30 s while the gateway answers 5xx or nothing (Redis is away for a
+    moment after a blow to it: the gateway says so, it does not wait)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return call()
+        except GatewayUnreachableError:
+            pass
+        except GatewayError as exc:
+            if exc.status < 500:
+                raise
+        assert time.monotonic() < deadline, "the gateway did not come back within 30 s"
+        time.sleep(0.5)
+
+
+def target(stack: Stack, evaluations: list[str], state: str) -> None:
+    """Wait until the phase's newest evaluation has a task in ``state`` (``running``, ``grading``); one that
+    completed before all the phase's blows were dealt is followed by a new one. Answers the gateway could not give
+    while Redis was away are asked again."""
+    deadline = time.monotonic() + 120
+    while True:
+        assert time.monotonic() < deadline, f"no task {state} in 120 s"
+        view = ask(lambda: stack.client.evaluation(evaluations[-1]))
+        if view["progress"]["counts"].get(state, 0) > 0:
+            return
+        if view["status"] == "completed":
+            evaluations.append(ask(lambda: submit(stack)))
+        time.sleep(0.25)
 
 
 @dataclass
 class Recovery:
     blow: str
     count: int
+    evaluations: int
     completed_after_last_s: float
     attempts_max: int
     infra_errors: int
 
 
-def finish(stack: Stack, evaluation_id: str, blow: str, blows: int, last_blow: float) -> Recovery:
-    """Wait for the evaluation to complete (within ``RECOVERY_BOUND_S`` of the last blow) and check what it left."""
+def finish(stack: Stack, evaluations: list[str], blow: str, blows: int, last_blow: float) -> Recovery:
+    """Wait for the phase's evaluations to complete (within ``RECOVERY_BOUND_S`` of the last blow) and check each
+    and what they left."""
     deadline = last_blow + RECOVERY_BOUND_S
-    while stack.client.evaluation(evaluation_id)["status"] != "completed":
+    while any(ask(lambda e=e: stack.client.evaluation(e))["status"] != "completed" for e in evaluations):
         assert time.monotonic() < deadline, f"{blow}: not complete {RECOVERY_BOUND_S:.0f} s after the last blow"
         time.sleep(0.5)
     recovered = time.monotonic() - last_blow
-    results = stack.client.results(evaluation_id)
-    indexes = [v["task_index"] for v in results["verdicts"]]
-    assert sorted(indexes) == sorted(TASKS), f"{blow}: lost or duplicated verdicts: {sorted(indexes)}"
-    assert results["complete"]
-    statuses = {v["task_index"]: v["status"] for v in results["verdicts"]}
-    # the environment broke, the agent did not: nothing is graded failed for it, and every attempt was recorded
-    assert all(s in ("passed", "failed", "infra_error") for s in statuses.values()), statuses
+    attempts, infra = 0, 0
+    for evaluation_id in evaluations:
+        results = ask(lambda e=evaluation_id: stack.client.results(e))
+        indexes = [v["task_index"] for v in results["verdicts"]]
+        assert sorted(indexes) == sorted(TASKS), f"{blow}: lost or duplicated verdicts: {sorted(indexes)}"
+        assert results["complete"]
+        statuses = {v["task_index"]: v["status"] for v in results["verdicts"]}
+        # the environment broke, the agent did not: nothing is graded for it but its own work or infra_error
+        assert all(s in ("passed", "failed", "infra_error") for s in statuses.values()), statuses
+        attempts = max(attempts, *(v["attempt"] for v in results["verdicts"]))
+        infra += sum(1 for s in statuses.values() if s == "infra_error")
+        assert_nothing_left(stack, evaluation_id)
     health = httpx.get(stack.url + "/health", timeout=10)
     assert health.status_code == 200 and health.json() == {"status": "ok"}, health.text  # the reconciler lives
-    assert_nothing_left(stack, evaluation_id)
-    return Recovery(
-        blow,
-        blows,
-        round(recovered, 1),
-        max(v["attempt"] for v in results["verdicts"]),
-        sum(1 for s in statuses.values() if s == "infra_error"),
-    )
+    return Recovery(blow, blows, len(evaluations), round(recovered, 1), attempts, infra)
 
 
 def assert_nothing_left(stack: Stack, evaluation_id: str) -> None:
@@ -173,46 +200,47 @@ def test_killed_executors_redis_graders_and_sandboxes_lose_nothing_and_leave_not
     engine = docker.from_env()
 
     # five executors killed in the middle of sessions
-    evaluation_id = submit(stack)
-    last = time.monotonic()
+    evaluations = [submit(stack)]
     for blow in range(5):
-        wait_for(lambda: counts(stack, evaluation_id).get("running", 0) > 0, 60, "a running session")
+        target(stack, evaluations, "running")
         victim = stack.containers("executor")[blow % EXECUTORS]
         started_at = victim.attrs["State"]["StartedAt"]
         crash(victim)
         last = time.monotonic()
         wait_for(restarted(victim, started_at), 60, "the executor's restart")
         time.sleep(3)
-    recoveries.append(finish(stack, evaluation_id, "executor SIGKILL mid-session", 5, last))
+    recoveries.append(finish(stack, evaluations, "executor SIGKILL mid-session", 5, last))
 
     # Redis restarted, then killed outright (its append-only file keeps what it held)
-    evaluation_id = submit(stack)
+    evaluations = [submit(stack)]
     for how in ("restart", "kill"):
-        wait_for(lambda: counts(stack, evaluation_id).get("running", 0) > 0, 60, "a running session")
+        target(stack, evaluations, "running")
         (redis,) = stack.containers("redis")
         started_at = redis.attrs["State"]["StartedAt"]
         redis.restart(timeout=1) if how == "restart" else crash(redis)
         last = time.monotonic()
         wait_for(restarted(redis, started_at), 60, "Redis back")
         time.sleep(4)
-    recoveries.append(finish(stack, evaluation_id, "Redis restart + SIGKILL", 2, last))
+    recoveries.append(finish(stack, evaluations, "Redis restart + SIGKILL", 2, last))
 
-    # graders killed the moment a grading starts
-    evaluation_id = submit(stack)
+    # graders killed the moment a grading starts (one, then the other, while the first comes back)
+    evaluations = [submit(stack)]
+    victims = []
     for blow in range(2):
-        wait_for(lambda: counts(stack, evaluation_id).get("grading", 0) > 0, 90, "a grading")
-        victim = stack.containers("grader")[blow % 2]
-        started_at = victim.attrs["State"]["StartedAt"]
+        target(stack, evaluations, "grading")
+        victim = stack.containers("grader")[blow]
+        victims.append((victim, victim.attrs["State"]["StartedAt"]))
         crash(victim)
         last = time.monotonic()
+    for victim, started_at in victims:
         wait_for(restarted(victim, started_at), 60, "the grader's restart")
-    recoveries.append(finish(stack, evaluation_id, "grader SIGKILL at grading", 2, last))
+    recoveries.append(finish(stack, evaluations, "grader SIGKILL at grading", 2, last))
 
-    # sandboxes killed under running sessions (and in the warm pools)
-    evaluation_id = submit(stack)
+    # sandboxes killed under running sessions
+    evaluations = [submit(stack)]
     killed = 0
     while killed < 5:
-        wait_for(lambda: counts(stack, evaluation_id).get("running", 0) > 0, 60, "a running session")
+        target(stack, evaluations, "running")
         workers = stack.worker_ids()
         boxes = [
             c
@@ -226,11 +254,12 @@ def test_killed_executors_redis_graders_and_sandboxes_lose_nothing_and_leave_not
         killed += 1
         last = time.monotonic()
         time.sleep(2)
-    recoveries.append(finish(stack, evaluation_id, "sandbox SIGKILL", 5, last))
+    recoveries.append(finish(stack, evaluations, "sandbox SIGKILL", 5, last))
 
-    table = [f"{'blow':<32}{'count':>6}{'complete after last s':>23}{'max attempt':>13}{'infra':>7}"]
+    table = [f"{'blow':<32}{'count':>6}{'evaluations':>12}{'complete after last s':>23}{'max attempt':>13}{'infra':>7}"]
     table += [
-        f"{r.blow:<32}{r.count:>6}{r.completed_after_last_s:>23}{r.attempts_max:>13}{r.infra_errors:>7}"
+        f"{r.blow:<32}{r.count:>6}{r.evaluations:>12}{r.completed_after_last_s:>23}{r.attempts_max:>13}"
+        f"{r.infra_errors:>7}"
         for r in recoveries
     ]
     (ROOT / "var").mkdir(exist_ok=True)
