@@ -21,6 +21,8 @@ from executor.worker import current_pool
 from services.endpoint import EndpointClient
 from services.evaluation import Evaluation
 from services.lifecycle import TaskLifecycle, retry_delay_s
+from services.logs import log_context
+from services.monitoring import record_session
 from services.netguard import EgressPolicy, pinned_transport
 from services.queues import SessionJob
 from services.state import StateStore
@@ -69,6 +71,7 @@ def execute_session(
     for name, data in files.items():
         store.put_output_file(evaluation.id, task.index, job.attempt, name, data)
     store.put_trajectory(trajectory)
+    record_session(trajectory)
     cancelled = trajectory.end_reason is EndReason.CANCELLED
     lifecycle.finish_session(job, cancelled=cancelled)
     if cancelled:
@@ -134,6 +137,7 @@ def run_session(payload: dict[str, Any]) -> dict[str, Any]:
     try:
         pool = current_pool()
         backend = pool.backend if pool is not None else get_backend(settings)
-        return execute_session(job, settings=settings, redis=redis, backend=backend, pool=pool)
+        with log_context(evaluation=job.evaluation_id, task=job.task_index, attempt=job.attempt):
+            return execute_session(job, settings=settings, redis=redis, backend=backend, pool=pool)
     finally:
         redis.close()

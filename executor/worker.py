@@ -41,7 +41,10 @@ from executor.pool import POOL_EVALUATION, WarmPool
 from executor.sandboxes.base import SandboxBackend
 from executor.sandboxes.registry import get_backend
 from executor.settings import ExecutorSettings
+from services.components import SANDBOX_IMAGE, advertise
 from services.liveness import DEFAULT_HEARTBEAT_INTERVAL_S, ShortHeartbeat
+from services.logs import configure_logging
+from services.monitoring import SESSIONS_IN_FLIGHT, serve_worker_metrics
 from services.settings import redis_retry
 
 log = logging.getLogger(__name__)
@@ -111,7 +114,12 @@ class ExecutorWorker(ShortHeartbeat, SimpleWorker):
         self._sessions_lock = threading.Lock()
         backend = get_backend(settings)
         _sweep(backend, settings.WORKER_ID)
+        configure_logging(level=logging_level or "INFO")  # first: RQ's own lines then take its format too
         self.bootstrap(logging_level, date_format, log_format)
+        serve_worker_metrics(settings.METRICS_PORT)
+        self._quietly(
+            lambda: advertise(self.connection, {SANDBOX_IMAGE: backend.image_reference(settings.SANDBOX_IMAGE)})
+        )
         self._install_signal_handlers()  # type: ignore[no-untyped-call]
         pool = open_pool(settings, backend)
         stop = threading.Event()
@@ -179,11 +187,13 @@ class ExecutorWorker(ShortHeartbeat, SimpleWorker):
         thread.start()
 
     def _perform(self, job: Job, queue: Queue, execution: Any) -> None:
+        SESSIONS_IN_FLIGHT.inc()
         try:
             self.perform_job(job, queue, execution)
         except Exception:  # RQ's own bookkeeping failed (Redis away for good): the reconciler takes over
             log.exception("job %s: could not be recorded", job.id)
         finally:
+            SESSIONS_IN_FLIGHT.dec()
             with self._sessions_lock:
                 self._sessions.discard(threading.current_thread())
                 idle = not self._sessions

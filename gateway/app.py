@@ -3,6 +3,7 @@
 Settings are read and checked when the app is made; Redis is connected lazily per request.
 """
 
+import os
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -13,9 +14,11 @@ from redis.exceptions import RedisError
 
 from gateway import openapi, reconcile
 from gateway.bodylimit import BodySizeLimit
+from gateway.observe import install_metrics
 from gateway.problems import install_problem_handlers, problem_response
 from gateway.routers import evaluations, leaderboard, suites
 from gateway.settings import GatewaySettings
+from services.logs import LOG_FORMAT_VARIABLE, configure_logging
 from services.netguard import Resolver, resolve_host
 from services.store import ArtifactStore
 from services.suite import load_suite
@@ -56,6 +59,9 @@ def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = 
     app.include_router(evaluations.router)
     app.include_router(suites.router)
     app.include_router(leaderboard.router)
+    install_metrics(app, redis)
+    if os.environ.get(LOG_FORMAT_VARIABLE, "").strip().lower() == "json":
+        configure_logging("json")
 
     # The body limit (declared or streamed). Innermost, added first: an HTTPException raised from ``receive``
     # then reaches the route's body reading as is.

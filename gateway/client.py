@@ -9,7 +9,8 @@ Errors, translated at this boundary from httpx's::
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,6 +28,32 @@ DEFAULT_RECONNECT_S = 1.0
 
 DEFAULT_MAX_RECONNECTS = 5
 """Failed connections in a row (none yielding an event) after which ``events`` gives up."""
+
+DEFAULT_MAX_WAIT_S = 600.0
+"""How long, in all, one call waits out ``429 Too Many Requests`` (and ``503`` with ``Retry-After``) before it
+raises the refusal: the gateway counts requests per key and minute, so a minute always clears a rate limit."""
+
+DEFAULT_RETRY_AFTER_S = 5.0
+"""The pause after a refusal that names no ``Retry-After``."""
+
+MAX_RETRY_AFTER_S = 60.0
+"""The longest single pause, whatever ``Retry-After`` asks."""
+
+WaitNotice = Callable[[float, str], None]
+"""Told before each pause: how many seconds, and why (``HTTP 429: ...``)."""
+
+
+def retry_after_s(response: httpx.Response) -> float | None:
+    """The pause a refusal asks for: ``Retry-After`` in seconds (an HTTP date counts as the default pause), for
+    429 always and for 503 when it names one; None when the answer is not one to wait out."""
+    header = response.headers.get("Retry-After")
+    if response.status_code != 429 and not (response.status_code == 503 and header):
+        return None
+    try:
+        seconds = float(header) if header else DEFAULT_RETRY_AFTER_S
+    except ValueError:
+        seconds = DEFAULT_RETRY_AFTER_S
+    return min(max(seconds, 0.5), MAX_RETRY_AFTER_S)
 
 
 class GatewayError(PybenchEvalError):
@@ -68,9 +95,14 @@ class GatewayClient:
         api_key: str | None = None,
         timeout_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        max_wait_s: float = DEFAULT_MAX_WAIT_S,
+        on_wait: WaitNotice | None = None,
     ):
-        """``api_key``: this service's key, sent as ``Authorization: Bearer``."""
+        """``api_key``: this service's key, sent as ``Authorization: Bearer``. Every call waits out 429 (and 503
+        with ``Retry-After``) for up to ``max_wait_s`` in all, telling ``on_wait`` before each pause."""
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._max_wait_s = max_wait_s
+        self._on_wait = on_wait
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"), timeout=timeout_s, transport=transport, headers=headers
         )
@@ -104,17 +136,38 @@ class GatewayClient:
             detail = response.text[:500]
         raise GatewayError(response.status_code, detail)
 
+    def _pause(self, response: httpx.Response, waited_s: float) -> float | None:
+        """The pause to take before asking again after ``response``, or None to give up (not a refusal to wait
+        out, or the call's waiting budget spent)."""
+        pause = retry_after_s(response)
+        if pause is None or waited_s + pause > self._max_wait_s:
+            return None
+        if self._on_wait is not None:
+            try:
+                detail = str(response.json().get("detail", ""))
+            except (ValueError, AttributeError):
+                detail = ""
+            self._on_wait(pause, f"HTTP {response.status_code}: {detail}".rstrip(": "))
+        return pause
+
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """Send a request and return its successful answer.
+        """Send a request and return its successful answer, waiting out rate limits (see ``__init__``).
 
         Raises:
-            GatewayError: the gateway answered with an error status.
+            GatewayError: the gateway answered with an error status (a 429 once ``max_wait_s`` is spent).
             GatewayUnreachableError: no answer.
         """
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise self._unreachable(exc) from exc
+        waited_s = 0.0
+        while True:
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                raise self._unreachable(exc) from exc
+            pause = self._pause(response, waited_s)
+            if pause is None:
+                break
+            time.sleep(pause)
+            waited_s += pause
         self._raise_for_problem(response)
         return response
 
@@ -194,6 +247,39 @@ class GatewayClient:
         name = name.removeprefix("./").removeprefix("output/")
         path = f"/v1/evaluations/{evaluation_id}/tasks/{task_index}/files/{name}"
         return self._request("GET", path, params=params).content
+
+    def archive(self, evaluation_id: str, dest: Path) -> int:
+        """Download the whole evaluation as one ``.tar.gz`` into the file ``dest`` (see ``gateway.archive``);
+        returns its size in bytes. Waits out rate limits like every call.
+
+        Raises:
+            GatewayError: the gateway answered with an error status.
+            GatewayUnreachableError: no answer, or the download broke off.
+            OSError: ``dest`` cannot be written.
+        """
+        path = f"/v1/evaluations/{evaluation_id}/archive"
+        waited_s = 0.0
+        while True:
+            pause: float | None = None
+            try:
+                with self._http.stream("GET", path) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        pause = self._pause(response, waited_s)
+                        if pause is None:
+                            self._raise_for_problem(response)
+                            raise GatewayError(response.status_code, "unexpected answer")  # not reached
+                    else:
+                        size = 0
+                        with dest.open("wb") as handle:
+                            for chunk in response.iter_bytes():
+                                handle.write(chunk)
+                                size += len(chunk)
+                        return size
+            except httpx.TransportError as exc:
+                raise self._unreachable(exc) from exc
+            time.sleep(pause)
+            waited_s += pause
 
     def leaderboard(self) -> list[dict[str, Any]]:
         """Per model, its best and latest completed evaluation, best pass rate first."""

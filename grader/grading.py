@@ -108,6 +108,8 @@ def grade(
         paper_category=task.paper_category,
         status=VerdictStatus.FAILED,
         turns=trajectory.assistant_turns,
+        prompt_tokens=trajectory.prompt_tokens,
+        completion_tokens=trajectory.completion_tokens,
         sandbox_id=trajectory.session.sandbox_id if trajectory.session else None,
     )
     if trajectory.end_reason.infra:

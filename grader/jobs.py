@@ -14,6 +14,7 @@ from grader.grading import FileCheckRunner, grade
 from grader.judge import judge_key_lost, judge_session
 from grader.settings import GraderSettings
 from services.lifecycle import TaskLifecycle, should_retry
+from services.logs import log_context
 from services.metrics import build_results
 from services.netguard import EgressPolicy
 from services.queues import GradeJob
@@ -92,7 +93,9 @@ def grade_and_record(
             )
     store.put_verdict(verdict)
     if lifecycle.record_verdict(verdict).complete:
-        store.put_results(build_results(job.evaluation_id, state.verdicts(job.evaluation_id), complete=True))
+        store.put_results(
+            build_results(job.evaluation_id, state.verdicts(job.evaluation_id), complete=True, prices=evaluation.prices)
+        )
     return {"task": task.index, "status": verdict.status.value}
 
 
@@ -106,6 +109,7 @@ def grade_session(payload: dict[str, Any]) -> dict[str, Any]:
         store = ArtifactStore(settings.ARTIFACT_ROOT)
         runner = sandbox_runner(job, suite, store, image=settings.SANDBOX_IMAGE, timeout_s=settings.GRADING_TIMEOUT_S)
         egress = EgressPolicy.parse(settings.EGRESS_ALLOWLIST)
-        return grade_and_record(job, redis=redis, suite=suite, store=store, run_files=runner, egress=egress)
+        with log_context(evaluation=job.evaluation_id, task=job.task_index, attempt=job.attempt):
+            return grade_and_record(job, redis=redis, suite=suite, store=store, run_files=runner, egress=egress)
     finally:
         redis.close()

@@ -36,6 +36,18 @@ class Sampling(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
 
 
+class Prices(BaseModel):
+    """What the endpoint charges, in USD per million tokens: the results then show what the evaluation cost."""
+
+    model_config = {"extra": "forbid"}
+
+    input_per_million: float = Field(ge=0, le=10_000, description="USD per million prompt tokens")
+    output_per_million: float = Field(ge=0, le=10_000, description="USD per million completion tokens")
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (prompt_tokens * self.input_per_million + completion_tokens * self.output_per_million) / 1e6
+
+
 BASE_URL_PATTERN = (
     r"^https?://([A-Za-z0-9]([A-Za-z0-9.-]{0,250}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\])"
     r"(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}))?"
@@ -100,6 +112,7 @@ class EvaluationCreate(BaseModel):
     judge_api_key: SecretStr | None = Field(
         default=None, description="The judge's bearer token; never stored in clear."
     )
+    prices: Prices | None = Field(default=None, description="USD per million tokens, for the results' cost.")
     max_concurrency: int = Field(
         default=DEFAULT_MAX_CONCURRENCY,
         ge=1,
@@ -145,6 +158,34 @@ class TaskState(StrEnum):
         return self in (TaskState.DONE, TaskState.UNAVAILABLE, TaskState.CANCELLED)
 
 
+class RunManifest(BaseModel):
+    """What an evaluation ran with, so that two runs can be told comparable or not (made by
+    ``services.manifest.build_manifest`` when the evaluation is accepted). Hashes are sha256 in hex."""
+
+    service_version: str
+    suite: str
+    suite_hash: str
+    """Of the suite's tasks, their checks and the bytes of their input files."""
+    tasks_hash: str
+    """Of the sorted task indices the evaluation runs."""
+    prompt: str
+    system_prompt_hash: str
+    mode: str
+    sampling: Sampling
+    max_turns: int
+    cell_timeout_s: float
+    sandbox_image: str | None = None
+    """The session sandboxes' image as the executors advertised it (``name@sha256:...`` where the backend knows
+    its digest); None when no executor had advertised one yet."""
+    judge_model: str | None = None
+    judge_mode: str | None = None
+    judge_prompt_hash: str | None = None
+    """As the graders advertised it for that mode; None without a judge, or before any grader advertised."""
+    comparable_key: str
+    """Runs with the same key ran the same suite version, the same tasks, prompt, mode and turn limit: only they
+    are ranked together."""
+
+
 class Evaluation(BaseModel):
     """An accepted evaluation as stored and shown; it never holds the API key."""
 
@@ -166,6 +207,10 @@ class Evaluation(BaseModel):
     has_judge_api_key: bool = False
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     """At most this many of its sessions run at once (``services.admission``)."""
+    prices: Prices | None = None
+    manifest: RunManifest | None = None
+    """What the run ran with, recorded at submission (``services.manifest``); None in evaluations stored before
+    manifests were recorded."""
 
 
 class Progress(BaseModel):

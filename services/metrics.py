@@ -8,6 +8,7 @@ tasks the grading could decide. Both gradings are reported: ``original`` at the 
 from collections.abc import Sequence
 from statistics import fmean
 
+from services.evaluation import Prices
 from services.task import PAPER_CATEGORIES
 from services.verdict import (
     AgreementMatrix,
@@ -111,24 +112,33 @@ def _passed_for_turns(verdict: Verdict) -> bool:
     return verdict.status is VerdictStatus.PASSED
 
 
-def compute_metrics(verdicts: list[Verdict]) -> Metrics:
-    """Return the metrics of ``verdicts`` (one per task); an empty list gives zeros."""
+def compute_metrics(verdicts: list[Verdict], prices: Prices | None = None) -> Metrics:
+    """Return the metrics of ``verdicts`` (one per task); an empty list gives zeros. With ``prices``, the cost of
+    the tokens the sessions used."""
     categories = [v.paper_category for v in verdicts]
     original = _grading_metrics(categories, [v.status for v in verdicts])
     fixed = _grading_metrics(categories, [v.fixed.status if v.fixed else v.status for v in verdicts])
     scored = [v for v in verdicts if v.status in _SCORED]
     paper_turns = [v.turns if _passed_for_turns(v) else PAPER_FAILED_TURNS for v in scored]
+    prompt_tokens = sum(v.prompt_tokens or 0 for v in verdicts)
+    completion_tokens = sum(v.completion_tokens or 0 for v in verdicts)
     return Metrics(
         **original.model_dump(exclude={"per_category"}),
         per_category=original.per_category,
         avg_turns=fmean(v.turns for v in scored) if scored else 0.0,
         avg_turns_paper=fmean(paper_turns) if paper_turns else 0.0,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cost_usd=prices.cost_usd(prompt_tokens, completion_tokens) if prices else None,
         fixed=fixed,
         llm=_judge_metrics(verdicts),
     )
 
 
-def build_results(evaluation_id: str, verdicts: list[Verdict], complete: bool) -> Results:
-    """Return the results document of an evaluation: its verdicts (by task) and their metrics."""
+def build_results(evaluation_id: str, verdicts: list[Verdict], complete: bool, prices: Prices | None = None) -> Results:
+    """Return the results document of an evaluation: its verdicts (by task) and their metrics (with their cost at
+    ``prices``, the submission's)."""
     ordered = sorted(verdicts, key=lambda v: v.task_index)
-    return Results(evaluation_id=evaluation_id, complete=complete, verdicts=ordered, metrics=compute_metrics(ordered))
+    return Results(
+        evaluation_id=evaluation_id, complete=complete, verdicts=ordered, metrics=compute_metrics(ordered, prices)
+    )

@@ -6,7 +6,7 @@ or in a test), never at import time.
 
 from pathlib import Path
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis import Redis
 from redis.backoff import ExponentialBackoff
@@ -43,6 +43,9 @@ class ServiceSettings(BaseSettings):
     REDIS_URL: str = DEFAULT_REDIS_URL
     SUITE_PATH: Path = DEFAULT_SUITE_PATH
     ARTIFACT_ROOT: Path = DEFAULT_ARTIFACT_ROOT
+    METRICS_PORT: int = Field(default=0, ge=0, le=65535)
+    """Where a worker serves its Prometheus series (``/metrics``); 0 serves none (the gateway serves its own on
+    its port whatever this says)."""
     EGRESS_ALLOWLIST: str = ""
     """Hosts (``name``, ``*.suffix``) and CIDRs that submitted model and judge endpoints may reach although
     they are internal (e.g. ``replay`` in compose, an in-cluster vLLM service); everything else internal is

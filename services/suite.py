@@ -11,6 +11,7 @@ The layout::
 A task whose input file is missing is kept and marked unavailable.
 """
 
+import hashlib
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -40,6 +41,7 @@ class Suite:
         self.name = name
         self.root = root
         self.tasks = tasks
+        self._content_hash: str | None = None
 
     def task(self, index: int) -> Task:
         """Return a task by index.
@@ -86,6 +88,23 @@ class Suite:
 
     def prompts(self) -> list[str]:
         return sorted(p.stem for p in (self.root / "prompts").glob("*.txt"))
+
+    def content_hash(self) -> str:
+        """sha256 (hex) of every task's definition and checks and of the bytes of its input files, read once per
+        loaded suite: two suites with the same hash grade the same way."""
+        if self._content_hash is None:
+            digest = hashlib.sha256(self.name.encode())
+            for index in sorted(self.tasks):
+                task = self.tasks[index]
+                digest.update(task.model_dump_json().encode())
+                for item in task.inputs:
+                    path = self.root / item.path
+                    digest.update(item.path.encode())
+                    if path.is_file():
+                        with path.open("rb") as handle:
+                            digest.update(hashlib.file_digest(handle, "sha256").digest())
+            self._content_hash = digest.hexdigest()
+        return self._content_hash
 
     def summaries(self) -> list[TaskSummary]:
         return [

@@ -141,6 +141,18 @@ class Trajectory(BaseModel):
     trajectories recorded before the caps)."""
 
     @property
+    def prompt_tokens(self) -> int | None:
+        """Prompt tokens over every turn, as the endpoint reported them; None when it reported none."""
+        counts = [t.prompt_tokens for t in self.turns if t.prompt_tokens is not None]
+        return sum(counts) if counts else None
+
+    @property
+    def completion_tokens(self) -> int | None:
+        """Completion tokens over every turn, as the endpoint reported them; None when it reported none."""
+        counts = [t.completion_tokens for t in self.turns if t.completion_tokens is not None]
+        return sum(counts) if counts else None
+
+    @property
     def assistant_turns(self) -> int:
         return sum(1 for message in self.messages if message.role == "assistant")
 

@@ -126,6 +126,9 @@ class Verdict(BaseModel):
     judgment: Judgment | None = None
     """The LLM judge's grade, when the evaluation asked for a judge."""
     turns: int = 0
+    prompt_tokens: int | None = None
+    """The session's prompt tokens over its turns, as the endpoint reported them (None: it reported none)."""
+    completion_tokens: int | None = None
     sandbox_id: str | None = None
     retryable: bool = False
     """An ``infra_error`` that running the session again may mend by itself (``EndReason.retryable``); the
@@ -201,6 +204,11 @@ class Metrics(BaseModel):
     per_category: dict[str, CategoryMetrics]
     avg_turns: float
     """Mean number of assistant turns over the tasks that ran (passed or failed)."""
+    prompt_tokens: int = 0
+    """Prompt tokens over every task's session (those the endpoint reported)."""
+    completion_tokens: int = 0
+    cost_usd: float | None = None
+    """What the tokens cost at the prices the submission gave (USD per million tokens); None without prices."""
     avg_turns_paper: float = 0.0
     """The paper's average turns: a failed task counts as 10 turns, a passed one its own count (passed by the
     judge when there is one, else by the tests)."""

@@ -66,6 +66,11 @@ class SandboxBackend(ABC):
         say what to fix; None when it can. A worker takes no session while there is one. Never raises."""
         return None
 
+    def image_reference(self, image: str) -> str:
+        """``image`` with the digest this backend would start it from (``name@sha256:...``) where it can tell,
+        for the runs' manifests; else ``image`` itself. Never raises."""
+        return image
+
     @abstractmethod
     def start(self, spec: SandboxSpec) -> SandboxHandle:
         """Start a sandbox and wait until its kernel gateway answers.

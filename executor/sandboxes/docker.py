@@ -96,6 +96,12 @@ class DockerSandboxBackend(SandboxBackend):
             )
         return None
 
+    def image_reference(self, image: str) -> str:
+        try:
+            return f"{image}@{self.client.images.get(image).id}"
+        except (*_DOCKER_ERRORS, SandboxStartError):
+            return image
+
     def ensure_network(self) -> None:
         """Create the internal sandbox network when it does not exist yet (once per backend: sandboxes start in
         several threads at once, and two creations would make two networks of one name)."""

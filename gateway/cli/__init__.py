@@ -84,6 +84,28 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="sessions of this evaluation that may call the endpoint at once, across all executors (default 16)",
     )
+    submit.add_argument("--suite", metavar="NAME", help="the suite to run (default: pybench)")
+    submit.add_argument(
+        "--mode",
+        choices=("pybench", "tools"),
+        help="pybench: code read from the reply's text (the benchmark's way, default); tools: an execute_python tool",
+    )
+    submit.add_argument("--cell-timeout", type=float, metavar="S", help="seconds a code cell may run (default 120)")
+    submit.add_argument("--temperature", type=float, metavar="T", help="sampling temperature (0-2)")
+    submit.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling (0-1]")
+    submit.add_argument("--max-tokens", type=int, metavar="N", help="tokens per reply at most")
+    submit.add_argument("--frequency-penalty", type=float, metavar="F", help="frequency penalty (-2 to 2)")
+    submit.add_argument(
+        "--input-price", type=float, metavar="USD", help="price per million prompt tokens, for the cost column"
+    )
+    submit.add_argument(
+        "--output-price", type=float, metavar="USD", help="price per million completion tokens, for the cost column"
+    )
+    submit.add_argument(
+        "--no-server-preflight",
+        action="store_true",
+        help="ask the gateway not to check the endpoint before accepting (its own preflight, on by default)",
+    )
     submit.add_argument("--judge-url", metavar="URL", help="an LLM judge's OpenAI-compatible base URL")
     submit.add_argument("--judge-model", metavar="NAME", help="the judge's model name")
     submit.add_argument("--judge-mode", choices=("absolute", "pairwise"), default="absolute")
@@ -139,6 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _waiting(seconds: float, why: str) -> None:
+    """Say on stderr that a call waits out a refusal (429, or 503 with Retry-After) before asking again."""
+    print(f"note: {why}; asking again in {seconds:g} s", file=sys.stderr, flush=True)
+
+
 def _fail(message: str, status: int) -> int:
     print(f"error: {message}", file=sys.stderr, flush=True)
     return status
@@ -158,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                 return _fail("keys needs a command: create --name N [--admin], list or revoke ID", 2)
             return commands.keys(args)
         printer = Printer(sys.stdout)
-        with GatewayClient(args.gateway, api_key=args.key or None, timeout_s=args.timeout) as client:
+        with GatewayClient(args.gateway, api_key=args.key or None, timeout_s=args.timeout, on_wait=_waiting) as client:
             handler: Command = args.handler
             return handler(args, client, printer)
     except GatewayError as exc:

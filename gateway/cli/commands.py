@@ -19,7 +19,7 @@ from . import preflight
 from .errors import CommandError, UsageError
 from .export import export
 from .printer import Printer
-from .report import print_pass_rates, print_tasks, summary_line
+from .report import manifest_line, print_pass_rates, print_tasks, summary_line, usage_line
 from .watch import task_categories, watch
 
 MAX_PAGE = 100
@@ -92,6 +92,28 @@ def submit(args: argparse.Namespace, client: GatewayClient, printer: Printer) ->
         body["max_turns"] = args.max_turns
     if args.max_concurrency is not None:
         body["max_concurrency"] = args.max_concurrency
+    for field, value in (("suite", args.suite), ("mode", args.mode), ("cell_timeout_s", args.cell_timeout)):
+        if value is not None:
+            body[field] = value
+    sampling = {
+        name: value
+        for name, value in (
+            ("temperature", args.temperature),
+            ("top_p", args.top_p),
+            ("max_tokens", args.max_tokens),
+            ("frequency_penalty", args.frequency_penalty),
+        )
+        if value is not None
+    }
+    if sampling:
+        body["sampling"] = sampling
+    prices = [args.input_price, args.output_price]
+    if any(p is not None for p in prices):
+        if not all(p is not None for p in prices):
+            raise UsageError("a cost needs both --input-price and --output-price (USD per million tokens)")
+        body["prices"] = {"input_per_million": args.input_price, "output_per_million": args.output_price}
+    if args.no_server_preflight:
+        body["preflight"] = False
     judge_given = [args.judge_url is not None, args.judge_model is not None]
     if any(judge_given) and not all(judge_given):
         raise UsageError("a judge needs both --judge-url and --judge-model")
@@ -145,6 +167,10 @@ def results(args: argparse.Namespace, client: GatewayClient, printer: Printer) -
         f"{graded} of {len(states)} tasks graded"
     )
     printer.line(f"passed: {summary_line(document)}")
+    printer.line(usage_line(document.metrics))
+    manifest = evaluation.get("manifest")
+    if manifest:
+        printer.line(manifest_line(manifest))
     printer.line()
     print_pass_rates(printer, document.metrics)
     print_tasks(printer, document, states, categories)
@@ -240,36 +266,36 @@ def leaderboard(args: argparse.Namespace, client: GatewayClient, printer: Printe
     def rate(value: float | None) -> str:
         return "-" if value is None else f"{value:.1%}"
 
-    rows = [
-        [
-            str(rank),
-            row["model"],
-            str(row["evaluations"]),
-            rate(row["best"]["pass_rate"]),
-            rate(row["best"].get("fixed_pass_rate")),
-            rate(row["best"].get("llm_pass_rate")),
-            str(row["best"]["tasks"]),
-            row["best"]["evaluation_id"],
-            rate(row["latest"]["pass_rate"]),
-            row["latest"]["evaluation_id"],
-        ]
-        for rank, row in enumerate(board, start=1)
-    ]
-    headers = [
-        "#",
-        "model",
-        "evaluations",
-        "best",
-        "fixed",
-        "LLM",
-        "tasks",
-        "best evaluation",
-        "latest",
-        "latest evaluation",
-    ]
-    printer.table(headers, rows, title="Leaderboard (completed evaluations; pass rate of the original tests)")
     if not board:
         printer.line("no completed evaluations yet")
+        return 0
+    categories = sorted({name for row in board for name in row["best"].get("per_category", {})})
+    headers = ["#", "model", "runs", "best", "fixed", "LLM", *categories, "tokens", "cost", "best evaluation"]
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in board:
+        groups.setdefault(row["comparable_key"], []).append(row)
+    for key, rows in groups.items():
+        first = rows[0]
+        table = [
+            [
+                str(row["rank"]),
+                row["model"],
+                str(row["evaluations"]),
+                rate(row["best"]["pass_rate"]),
+                rate(row["best"].get("fixed_pass_rate")),
+                rate(row["best"].get("llm_pass_rate")),
+                *(rate(row["best"].get("per_category", {}).get(name)) for name in categories),
+                str(row["best"].get("prompt_tokens", 0) + row["best"].get("completion_tokens", 0)),
+                "-" if row["best"].get("cost_usd") is None else f"${row['best']['cost_usd']:.2f}",
+                row["best"]["evaluation_id"],
+            ]
+            for row in rows
+        ]
+        title = (
+            f"{first['suite']}, {first['task_count']} tasks, prompt {first['prompt']}, mode {first['mode']} "
+            f"(comparable runs {key[:12]}; original tests' pass rate)"
+        )
+        printer.table(headers, table, title=title)
     return 0
 
 

@@ -1,5 +1,7 @@
 """The results of an evaluation as tables: pass rates per paper category, then one row per task."""
 
+from typing import Any
+
 from services.task import PAPER_CATEGORIES
 from services.verdict import CategoryMetrics, Metrics, Results, Verdict, VerdictStatus
 
@@ -113,3 +115,24 @@ def summary_line(results: Results) -> str:
     if metrics.llm is not None:
         parts.append(f"LLM {ratio(metrics.llm.passed, metrics.tasks)}")
     return ", ".join(parts)
+
+
+def usage_line(metrics: Metrics) -> str:
+    """``tokens: 1,234 prompt + 567 completion · cost $0.01`` (the cost only when the submission gave prices)."""
+    line = f"tokens: {metrics.prompt_tokens:,} prompt + {metrics.completion_tokens:,} completion"
+    return line if metrics.cost_usd is None else f"{line} · cost ${metrics.cost_usd:.4f}"
+
+
+def manifest_line(manifest: dict[str, Any]) -> str:
+    """What the run ran with, on one line: version, suite hash, prompt, mode, sandbox image, judge."""
+    parts = [
+        f"pybench-eval {manifest.get('service_version', '?')}",
+        f"suite {manifest.get('suite', '?')}@{str(manifest.get('suite_hash', ''))[:12]}",
+        f"prompt {manifest.get('prompt', '?')}@{str(manifest.get('system_prompt_hash', ''))[:12]}",
+        f"mode {manifest.get('mode', '?')}",
+        f"image {manifest.get('sandbox_image') or 'not advertised yet'}",
+        f"comparable runs {str(manifest.get('comparable_key', ''))[:12]}",
+    ]
+    if manifest.get("judge_model"):
+        parts.append(f"judge {manifest['judge_model']} ({manifest.get('judge_mode')})")
+    return "manifest: " + " · ".join(parts)

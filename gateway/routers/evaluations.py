@@ -7,12 +7,14 @@ from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, Field, SecretStr
 
 from gateway import events, idempotency, limits
+from gateway.archive import ARCHIVE_MEDIA_TYPE, stream_archive
 from gateway.auth import Caller
 from gateway.deps import LifecycleDep, RedisDep, SettingsDep, StateDep, StoreDep, SuiteDep
 from gateway.egress import check_endpoints
 from gateway.preflight import preflight
 from gateway.problems import Problem
 from services.apikeys import ApiKey
+from services.components import advertised
 from services.errors import ArtifactNotFoundError, TaskNotFoundError
 from services.evaluation import (
     Evaluation,
@@ -22,6 +24,7 @@ from services.evaluation import (
     EvaluationView,
     TaskState,
 )
+from services.manifest import build_manifest
 from services.metrics import build_results
 from services.netguard import EgressPolicy
 from services.state import EvaluationNotFoundError, StateStore
@@ -123,6 +126,8 @@ def create_evaluation(
             judge=body.judge,
             has_judge_api_key=body.judge_api_key is not None,
             max_concurrency=body.max_concurrency,
+            prices=body.prices,
+            manifest=build_manifest(body, suite, indices, advertised(redis)),
         )
         store.put_evaluation(evaluation)
         lifecycle.create(
@@ -264,8 +269,8 @@ def put_keys(evaluation_id: str, body: KeysUpdate, caller: Caller, state: StateD
 
 @router.get("/{evaluation_id}/results", operation_id="get_results", summary="Per-task verdicts and the metrics so far")
 def get_results(evaluation_id: str, caller: Caller, state: StateDep) -> Results:
-    owned(state, caller, evaluation_id)
-    return build_results(evaluation_id, state.verdicts(evaluation_id), state.complete(evaluation_id))
+    evaluation = owned(state, caller, evaluation_id)
+    return build_results(evaluation.id, state.verdicts(evaluation.id), state.complete(evaluation.id), evaluation.prices)
 
 
 @router.get("/{evaluation_id}/tasks", operation_id="list_evaluation_tasks", summary="Every task's state")
@@ -339,6 +344,30 @@ def download_task_file(
             f"task {task_index} saved no file {name!r}; list them with GET .../tasks/{task_index}/files"
         )
     return FileResponse(path, media_type="application/octet-stream", filename=path.name)
+
+
+@router.get(
+    "/{evaluation_id}/archive",
+    operation_id="download_archive",
+    summary="The whole evaluation as one .tar.gz: evaluation, results, each task's latest trajectory and files",
+    response_class=StreamingResponse,
+    responses={200: {"content": {ARCHIVE_MEDIA_TYPE: {}}}},
+)
+def download_archive(evaluation_id: str, caller: Caller, state: StateDep, store: StoreDep) -> StreamingResponse:
+    evaluation = owned(state, caller, evaluation_id)
+    results = build_results(
+        evaluation.id, state.verdicts(evaluation.id), state.complete(evaluation.id), evaluation.prices
+    )
+    documents = {
+        "evaluation.json": evaluation.model_dump_json(indent=1).encode(),
+        "results.json": results.model_dump_json(indent=1).encode(),
+    }
+    attempts = [(task, state.task_attempt(evaluation.id, task)) for task in evaluation.tasks]
+    return StreamingResponse(
+        stream_archive(store, evaluation.id, documents, attempts),
+        media_type=ARCHIVE_MEDIA_TYPE,
+        headers={"Content-Disposition": f'attachment; filename="{evaluation.id}.tar.gz"'},
+    )
 
 
 @router.get(

@@ -1,4 +1,11 @@
-"""The leaderboard: per model, its best and its latest completed evaluation (of those the caller may see)."""
+"""The leaderboard: completed evaluations ranked only against comparable ones.
+
+Two runs are comparable when their manifests share a ``comparable_key``: the same suite content, the same tasks,
+system prompt, mode and turn limit (``services.manifest``). Each group is ranked on its own, per model its best
+and latest run, with per-category pass rates, tokens and cost; groups come in order of their task count, largest
+first, so a three-task run never outranks a full one. Evaluations stored before manifests were recorded form a
+group per suite and task count of their own.
+"""
 
 from datetime import datetime
 
@@ -7,7 +14,7 @@ from pydantic import BaseModel
 
 from gateway.auth import Caller
 from gateway.deps import StateDep
-from services.evaluation import EvaluationStatus
+from services.evaluation import Evaluation, EvaluationStatus
 from services.metrics import compute_metrics
 
 router = APIRouter(prefix="/v1/leaderboard", tags=["leaderboard"])
@@ -25,43 +32,86 @@ class Standing(BaseModel):
     llm_pass_rate: float | None = None
     tasks: int
     avg_turns: float
+    per_category: dict[str, float] = {}
+    """The original grading's pass rate per PyBench category."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float | None = None
 
 
 class LeaderboardRow(BaseModel):
+    comparable_key: str
+    """The group this row is ranked in (``RunManifest.comparable_key``)."""
+    suite: str
+    task_count: int
+    prompt: str
+    mode: str
+    rank: int
+    """1 for the best model of its group."""
     model: str
     evaluations: int
     best: Standing
     latest: Standing
 
 
-@router.get("", operation_id="get_leaderboard", summary="Per model: best and latest completed evaluation")
+def _group(evaluation: Evaluation) -> str:
+    if evaluation.manifest is not None:
+        return evaluation.manifest.comparable_key
+    return f"unrecorded:{evaluation.suite}:{len(evaluation.tasks)}:{evaluation.prompt}:{evaluation.mode}"
+
+
+@router.get(
+    "",
+    operation_id="get_leaderboard",
+    summary="Per group of comparable runs, per model: best and latest completed evaluation",
+)
 def get_leaderboard(caller: Caller, state: StateDep) -> list[LeaderboardRow]:
-    rows: dict[str, list[Standing]] = {}
+    groups: dict[str, dict[str, list[tuple[Evaluation, Standing]]]] = {}
     owner = None if caller.admin else caller.id
     for evaluation_id, _ in state.evaluation_ids(owner, limit=MAX_EVALUATIONS):
         progress = state.progress(evaluation_id)
         if state.status(progress, evaluation_id) is not EvaluationStatus.COMPLETED:
             continue
         evaluation = state.get(evaluation_id)
-        metrics = compute_metrics(state.verdicts(evaluation_id))
-        rows.setdefault(evaluation.model.model, []).append(
-            Standing(
-                evaluation_id=evaluation_id,
-                created_at=evaluation.created_at,
-                pass_rate=metrics.pass_rate,
-                fixed_pass_rate=metrics.fixed.pass_rate if metrics.fixed else None,
-                llm_pass_rate=metrics.llm.pass_rate if metrics.llm else None,
-                tasks=metrics.tasks,
-                avg_turns=metrics.avg_turns,
+        metrics = compute_metrics(state.verdicts(evaluation_id), evaluation.prices)
+        standing = Standing(
+            evaluation_id=evaluation_id,
+            created_at=evaluation.created_at,
+            pass_rate=metrics.pass_rate,
+            fixed_pass_rate=metrics.fixed.pass_rate if metrics.fixed else None,
+            llm_pass_rate=metrics.llm.pass_rate if metrics.llm else None,
+            tasks=metrics.tasks,
+            avg_turns=metrics.avg_turns,
+            per_category={name: c.pass_rate for name, c in metrics.per_category.items()},
+            prompt_tokens=metrics.prompt_tokens,
+            completion_tokens=metrics.completion_tokens,
+            cost_usd=metrics.cost_usd,
+        )
+        groups.setdefault(_group(evaluation), {}).setdefault(evaluation.model.model, []).append((evaluation, standing))
+    board: list[LeaderboardRow] = []
+    for key, models in groups.items():
+        rows = []
+        for model, runs in models.items():
+            best = max(runs, key=lambda r: (r[1].pass_rate, r[1].created_at))
+            latest = max(runs, key=lambda r: r[1].created_at)
+            evaluation = best[0]
+            rows.append(
+                LeaderboardRow(
+                    comparable_key=key,
+                    suite=evaluation.suite,
+                    task_count=len(evaluation.tasks),
+                    prompt=evaluation.prompt,
+                    mode=evaluation.mode,
+                    rank=0,
+                    model=model,
+                    evaluations=len(runs),
+                    best=best[1],
+                    latest=latest[1],
+                )
             )
-        )
-    board = [
-        LeaderboardRow(
-            model=model,
-            evaluations=len(standings),
-            best=max(standings, key=lambda s: (s.pass_rate, s.created_at)),
-            latest=max(standings, key=lambda s: s.created_at),
-        )
-        for model, standings in rows.items()
-    ]
-    return sorted(board, key=lambda row: row.best.pass_rate, reverse=True)
+        rows.sort(key=lambda row: row.best.pass_rate, reverse=True)
+        for rank, row in enumerate(rows, start=1):
+            row.rank = rank
+        board += rows
+    board.sort(key=lambda row: (-row.task_count, row.comparable_key, row.rank))
+    return board

@@ -1,0 +1,47 @@
+"""The gateway's Prometheus endpoint: ``GET /metrics`` (no key needed: it shows counts by route, status and state,
+never an id, a model or a key) with the request series of this app and the fleet's state read from Redis
+(``services.monitoring``)."""
+
+import time
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from redis import Redis
+
+from services.monitoring import LATENCY_BUCKETS, gateway_registry
+
+UNMATCHED_ROUTE = "unmatched"
+"""The route label of requests no route matched (404s of made-up paths), so that they cannot grow the labels."""
+
+
+def install_metrics(app: FastAPI, redis: Redis) -> None:
+    """Count every request of ``app`` by method, route template and status, and serve ``GET /metrics``."""
+    registry = gateway_registry(redis)
+    requests = Counter(
+        "pbe_http_requests", "Requests by method, route and status", ["method", "route", "status"], registry=registry
+    )
+    latency = Histogram(
+        "pbe_http_request_duration_seconds",
+        "Time to the response's start, by method and route",
+        ["method", "route"],
+        buckets=LATENCY_BUCKETS,
+        registry=registry,
+    )
+
+    @app.middleware("http")
+    async def _count(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            return response
+        finally:
+            route = getattr(request.scope.get("route"), "path", UNMATCHED_ROUTE)
+            requests.labels(method=request.method, route=route, status=str(status)).inc()
+            latency.labels(method=request.method, route=route).observe(time.perf_counter() - started)
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,117 @@
+"""Runs that can be compared: the manifest recorded at submission, the leaderboard that ranks only comparable runs
+together, token totals and cost. Real Redis, the gateway app, the suite on disk."""
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from redis import Redis
+
+from gateway.app import create_app
+from services.components import SANDBOX_IMAGE, advertise, judge_prompt_key
+from services.lifecycle import TaskLifecycle
+from services.suite import load_suite
+from services.verdict import Verdict, VerdictStatus
+from tests.fixtures import ADMIN_KEY, BODY, gateway_settings
+
+
+@pytest.fixture()
+def api(redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path) -> Iterator[httpx.Client]:
+    with TestClient(create_app(gateway_settings(redis_url, suite_path, tmp_path))) as client:
+        client.headers["Authorization"] = f"Bearer {ADMIN_KEY}"
+        yield client
+
+
+def _submit(api: httpx.Client, **extra: Any) -> dict[str, Any]:
+    response = api.post("/v1/evaluations", json={**BODY, **extra})
+    assert response.status_code == 201, response.text
+    evaluation: dict[str, Any] = response.json()["evaluation"]
+    return evaluation
+
+
+def _complete(redis_client: Redis, evaluation: dict[str, Any], passed: set[int], tokens: int = 0) -> None:
+    lifecycle = TaskLifecycle(redis_client)
+    for task in evaluation["tasks"]:
+        if task in evaluation["unavailable_tasks"]:
+            continue
+        lifecycle.record_verdict(
+            Verdict(
+                evaluation_id=evaluation["id"],
+                task_index=task,
+                attempt=1,
+                paper_category="Chart",
+                status=VerdictStatus.PASSED if task in passed else VerdictStatus.FAILED,
+                prompt_tokens=tokens,
+                completion_tokens=tokens // 10,
+            )
+        )
+
+
+def test_the_manifest_records_what_the_run_ran_with(api: httpx.Client, redis_client: Redis, suite_path: Path) -> None:
+    advertise(
+        redis_client, {SANDBOX_IMAGE: "pybench-eval/sandbox:latest@sha256:abc", judge_prompt_key("absolute"): "j1"}
+    )
+    judge = {"endpoint": {"base_url": "http://127.0.0.1:9/v1", "model": "judge-m"}, "mode": "absolute"}
+    evaluation = _submit(api, sampling={"temperature": 0.2}, judge=judge, mode="tools")
+    manifest = evaluation["manifest"]
+    suite = load_suite(suite_path)
+    assert manifest["suite_hash"] == suite.content_hash() and len(manifest["suite_hash"]) == 64
+    assert manifest["system_prompt_hash"] == hashlib.sha256(suite.system_prompt("gpt").encode()).hexdigest()
+    assert manifest["tasks_hash"] == hashlib.sha256(b"7,13,16").hexdigest()
+    assert manifest["sampling"]["temperature"] == 0.2 and manifest["mode"] == "tools"
+    assert manifest["max_turns"] == 10 and manifest["cell_timeout_s"] == 120.0
+    assert manifest["sandbox_image"] == "pybench-eval/sandbox:latest@sha256:abc"
+    assert (manifest["judge_model"], manifest["judge_mode"], manifest["judge_prompt_hash"]) == (
+        "judge-m",
+        "absolute",
+        "j1",
+    )
+    assert manifest["service_version"] != ""
+    assert api.get(f"/v1/evaluations/{evaluation['id']}").json()["evaluation"]["manifest"] == manifest
+
+
+def test_comparable_runs_share_a_key_and_others_do_not(api: httpx.Client) -> None:
+    keys = {
+        "same": _submit(api)["manifest"]["comparable_key"],
+        "again": _submit(api, sampling={"temperature": 0.9})["manifest"]["comparable_key"],
+        "fewer tasks": _submit(api, tasks=[7])["manifest"]["comparable_key"],
+        "other prompt": _submit(api, prompt="llama3")["manifest"]["comparable_key"],
+        "other mode": _submit(api, mode="tools")["manifest"]["comparable_key"],
+        "fewer turns": _submit(api, max_turns=3)["manifest"]["comparable_key"],
+    }
+    assert keys["same"] == keys["again"]  # sampling is recorded, but a model's own settings stay comparable
+    assert len({keys[k] for k in keys if k != "again"}) == 5
+
+
+def test_a_small_run_never_outranks_a_full_one_and_rows_carry_categories_and_cost(
+    api: httpx.Client, redis_client: Redis
+) -> None:
+    prices = {"input_per_million": 2.0, "output_per_million": 10.0}
+    full_weak = _submit(api, model={"base_url": "http://127.0.0.1:9/v1", "model": "weak"}, prices=prices)
+    full_strong = _submit(api, model={"base_url": "http://127.0.0.1:9/v1", "model": "strong"})
+    tiny = _submit(api, tasks=[7], model={"base_url": "http://127.0.0.1:9/v1", "model": "tiny"})
+    _complete(redis_client, full_weak, passed=set(), tokens=1_000_000)
+    _complete(redis_client, full_strong, passed={7, 16})
+    _complete(redis_client, tiny, passed={7})
+    board = api.get("/v1/leaderboard").json()
+    assert [(r["model"], r["rank"], r["task_count"]) for r in board] == [
+        ("strong", 1, 3),
+        ("weak", 2, 3),
+        ("tiny", 1, 1),
+    ]
+    assert board[0]["comparable_key"] == board[1]["comparable_key"] != board[2]["comparable_key"]
+    weak = board[1]["best"]
+    assert weak["prompt_tokens"] == 2_000_000 and weak["completion_tokens"] == 200_000
+    assert weak["cost_usd"] == pytest.approx(2 * 2.0 + 0.2 * 10.0)
+    assert board[0]["best"]["cost_usd"] is None and board[0]["best"]["per_category"]["Chart"] > 0
+    results = api.get(f"/v1/evaluations/{full_weak['id']}/results").json()
+    assert results["metrics"]["cost_usd"] == pytest.approx(6.0) and results["metrics"]["prompt_tokens"] == 2_000_000
+
+
+def test_prices_must_be_whole(api: httpx.Client) -> None:
+    response = api.post("/v1/evaluations", json={**BODY, "prices": {"input_per_million": 1}})
+    assert response.status_code == 422 and "output_per_million" in response.text
