@@ -65,11 +65,27 @@ def file_exists_any(check: dict[str, Any], context: CheckContext) -> CheckResult
     return CheckResult(kind="file_exists_any", passed=bool(found), detail=detail)
 
 
+def path_exists(check: dict[str, Any], context: CheckContext) -> CheckResult:
+    """``path`` exists as ``os.path.exists`` sees it: a produced file of that name, or a folder of that name (one
+    with files in it, or an empty one). What PyBench's test of task 140 asks, where a plain file passes too."""
+    value = check.get("path")
+    if not isinstance(value, str) or not value.strip("./"):
+        raise CheckParameterError(f"path_exists needs 'path': a path under ./output, got {value!r}")
+    name = normalise_output_path(value).rstrip("/")
+    as_file = name in context.output_files
+    in_folder = any(produced.startswith(name + "/") for produced in context.output_files)
+    if as_file or in_folder:
+        what = "a file" if as_file else "a folder"
+        return CheckResult(kind="path_exists", passed=True, detail=f"{value} exists ({what})")
+    return CheckResult(kind="path_exists", passed=False, detail=f"the session produced nothing at {value}")
+
+
 CHECKS: dict[str, Callable[[dict[str, Any], CheckContext], CheckResult]] = {
     "answer_contains_all": answer_contains_all,
     "answer_contains_any": answer_contains_any,
     "file_exists": file_exists,
     "file_exists_any": file_exists_any,
+    "path_exists": path_exists,
 }
 """The in-process check kinds by name."""
 

@@ -5,10 +5,16 @@ as PyBench's own tests read it (a session that hits the turn limit ends on a cod
 ``fixed`` grading reads the final assistant message. Checks on the answer and on file names run here; checks
 that open produced files run through ``run_file_checks`` (a grading sandbox), once for both gradings. A
 session that the environment broke gets ``infra_error`` under both, never ``failed``.
+
+The ``original`` grading may also see files other tasks of the evaluation produced, as the benchmark's shared
+``./output`` would show them (an ``OriginalView``, built by ``grader.shared_output``); the ``fixed`` grading sees
+the session's own files only. When there are such files, the two gradings' file-opening checks run in two
+grading sandboxes, each with its own view.
 """
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from grader.checks import CheckContext, normalise_output_path, run_check, runs_in_process
@@ -19,6 +25,23 @@ from services.verdict import CheckResult, GradingOutcome, Verdict, VerdictStatus
 
 FileCheckRunner = Callable[[list[dict[str, Any]]], list[CheckResult]]
 """Runs checks that open the session's files, returning one result per check in order (never raises)."""
+
+
+@dataclass(frozen=True)
+class OriginalView:
+    """What the ``original`` grading sees beyond the session's own files.
+
+    ``borrowed``: the ``./output/...`` names of other tasks' files it sees (``grader.shared_output.Borrowed``).
+    ``run_file_checks``: runs file-opening checks over the session's files with those added (None: such checks
+    are undecided, as without a grading sandbox).
+    """
+
+    borrowed: frozenset[str] = frozenset()
+    run_file_checks: FileCheckRunner | None = None
+
+
+OWN_FILES = OriginalView()
+"""The view of a session's own files only: what the ``fixed`` grading always sees."""
 
 
 def final_assistant_answer(trajectory: Trajectory) -> str:
@@ -33,23 +56,36 @@ def _key(check: dict[str, Any]) -> str:
     return json.dumps(check, sort_keys=True)
 
 
-def _sandboxed_results(task: Task, run_file_checks: FileCheckRunner | None) -> Callable[[dict[str, Any]], CheckResult]:
-    """Run every file-opening check of both gradings in one go; return a lookup of their results."""
-    wanted: dict[str, dict[str, Any]] = {}
-    for grading in Grading:
-        if forced_outcome(task.index, grading) is None and not ungradable_reason(task.index, grading):
-            for check in checks_for(task.index, task.checks, grading):
-                if not runs_in_process(check):
-                    wanted.setdefault(_key(check), check)
-    results: dict[str, CheckResult] = {}
-    if wanted and run_file_checks is not None:
-        checks = list(wanted.values())
-        outcomes = run_file_checks(checks)
-        results = {_key(check): outcome for check, outcome in zip(checks, outcomes, strict=True)}
+SandboxedResults = Callable[[Grading, dict[str, Any]], CheckResult]
+"""The result of a grading's file-opening check, looked up after they all ran."""
 
-    def lookup(check: dict[str, Any]) -> CheckResult:
+
+def _sandboxed_results(
+    task: Task, gradings: tuple[Grading, ...], run_file_checks: FileCheckRunner | None, view: OriginalView
+) -> SandboxedResults:
+    """Run the file-opening checks of ``gradings``: in one go when both see the same files, else one run per
+    view (the original grading's with the borrowed files); return a lookup of their results."""
+    runs: list[tuple[tuple[Grading, ...], FileCheckRunner | None]]
+    if view.borrowed:
+        runs = [((g,), view.run_file_checks if g is Grading.ORIGINAL else run_file_checks) for g in gradings]
+    else:
+        runs = [(gradings, run_file_checks)]
+    results: dict[tuple[Grading, str], CheckResult] = {}
+    for together, runner in runs:
+        wanted: dict[str, dict[str, Any]] = {}
+        for grading in together:
+            if forced_outcome(task.index, grading) is None and not ungradable_reason(task.index, grading):
+                for check in checks_for(task.index, task.checks, grading):
+                    if not runs_in_process(check):
+                        wanted.setdefault(_key(check), check)
+        if wanted and runner is not None:
+            checks = list(wanted.values())
+            for check, outcome in zip(checks, runner(checks), strict=True):
+                results.update({(grading, _key(check)): outcome for grading in together})
+
+    def lookup(grading: Grading, check: dict[str, Any]) -> CheckResult:
         kind = str(check.get("kind", ""))
-        return results.get(_key(check)) or CheckResult(
+        return results.get((grading, _key(check))) or CheckResult(
             kind=kind, passed=None, detail=f"{kind} opens produced files and needs a grading sandbox; none was given"
         )
 
@@ -75,7 +111,7 @@ def _grade_one(
     task: Task,
     grading: Grading,
     context: CheckContext,
-    sandboxed: Callable[[dict[str, Any]], CheckResult],
+    sandboxed: SandboxedResults,
 ) -> GradingOutcome:
     forced = forced_outcome(task.index, grading)
     if forced is not None:
@@ -87,7 +123,7 @@ def _grade_one(
     checks = checks_for(task.index, task.checks, grading)
     if not checks:
         return GradingOutcome(status=VerdictStatus.UNGRADABLE, reason=f"task {task.index} has no checks in the suite")
-    return _outcome([run_check(c, context) if runs_in_process(c) else sandboxed(c) for c in checks])
+    return _outcome([run_check(c, context) if runs_in_process(c) else sandboxed(grading, c) for c in checks])
 
 
 def grade(
@@ -95,11 +131,13 @@ def grade(
     trajectory: Trajectory,
     output_files: list[str],
     run_file_checks: FileCheckRunner | None = None,
+    original_view: OriginalView = OWN_FILES,
 ) -> Verdict:
     """Return the verdict of one session of ``task`` under both gradings.
 
     ``output_files``: the produced files' names (``./output/...``). ``run_file_checks``: runs the checks that
     open files (in a grading sandbox); without it those checks are undecided and the grading ``ungradable``.
+    ``original_view``: other tasks' files the original grading sees too (``grader.shared_output``).
     """
     verdict = Verdict(
         evaluation_id=trajectory.evaluation_id,
@@ -119,8 +157,31 @@ def grade(
         verdict.fixed = GradingOutcome(status=VerdictStatus.INFRA_ERROR, reason=reason)
         return verdict
     files = frozenset(normalise_output_path(name) for name in output_files)
-    sandboxed = _sandboxed_results(task, run_file_checks)
-    original = _grade_one(task, Grading.ORIGINAL, CheckContext(trajectory.last_message, files), sandboxed)
+    sandboxed = _sandboxed_results(task, (Grading.ORIGINAL, Grading.FIXED), run_file_checks, original_view)
+    original = _grade_original(task, trajectory, files, original_view, sandboxed)
     verdict.fixed = _grade_one(task, Grading.FIXED, CheckContext(final_assistant_answer(trajectory), files), sandboxed)
     verdict.status, verdict.checks, verdict.reason = original.status, original.checks, original.reason
     return verdict
+
+
+def _grade_original(
+    task: Task, trajectory: Trajectory, files: frozenset[str], view: OriginalView, sandboxed: SandboxedResults
+) -> GradingOutcome:
+    context = CheckContext(trajectory.last_message, files | view.borrowed)
+    return _grade_one(task, Grading.ORIGINAL, context, sandboxed)
+
+
+def regrade_original(
+    verdict: Verdict, task: Task, trajectory: Trajectory, output_files: list[str], view: OriginalView
+) -> Verdict:
+    """``verdict`` with its ``original`` grading done again over ``view`` (the fixed grading and the judgment are
+    kept: neither sees other tasks' files). A verdict of a session the environment broke is returned as it is.
+
+    Raises whatever ``view.run_file_checks`` raises (``SandboxStartError`` for a grading sandbox).
+    """
+    if verdict.status is VerdictStatus.INFRA_ERROR:
+        return verdict
+    files = frozenset(normalise_output_path(name) for name in output_files)
+    sandboxed = _sandboxed_results(task, (Grading.ORIGINAL,), view.run_file_checks, view)
+    original = _grade_original(task, trajectory, files, view, sandboxed)
+    return verdict.model_copy(update={"status": original.status, "checks": original.checks, "reason": original.reason})

@@ -5,7 +5,10 @@ and its ``notes`` say where that test is broken. This module is the project's re
 
 - ``original`` runs the checks as written, and where the benchmark's test cannot give any other outcome
   (an assertion on a DataFrame, a NameError, a discarded ``os.path.exists``) it gives that outcome, so a
-  score compares with the paper's.
+  score compares with the paper's. Where a check as written is stricter than the test (task 140's folder
+  check; the test is ``os.path.exists``, which a plain file passes), it runs what the test runs. It also sees
+  the shared ``./output`` of the benchmark's harness: a check that names another task's file looks at what that
+  task of the evaluation produced (``grader.shared_output``).
 - ``fixed`` follows the task's query: the path the query names, the right inverse transform, the direction
   the statistic really moves, a loudness measured on the file the query asks for. A task whose test needs
   what is not here (a reference file that was never published, the internet) is ``ungradable``, not failed.
@@ -35,12 +38,15 @@ class TaskVariant:
     """How one task's gradings depart from its checks as written.
 
     ``original``: the outcome the benchmark's broken test always gives (``None``: run the checks).
+    ``original_checks``: the checks of the original grading, where the benchmark's test checks something other
+    than the checks as written (``None``: the checks as written).
     ``fixed_checks``: the checks of the fixed grading (``None``: the checks as written).
     ``ungradable``: why the fixed grading cannot grade the task here (empty: it can).
     """
 
     why: str
     original: Forced | None = None
+    original_checks: list[dict[str, Any]] | None = None
     fixed_checks: list[dict[str, Any]] | None = None
     ungradable: str = ""
 
@@ -133,6 +139,11 @@ VARIANTS: dict[int, TaskVariant] = {
     ),
     128: TaskVariant(why="the task needs the internet (Baidu Baike)", ungradable="needs the internet (Baidu Baike)"),
     129: TaskVariant(why="the task needs the internet (Hugging Face)", ungradable="needs the internet (Hugging Face)"),
+    140: TaskVariant(
+        why="the test is os.path.exists('./output/140'): a plain file of that name passes it as a folder does; the "
+        "query asks for a folder of files, which the fixed grading keeps (an empty folder still passes both)",
+        original_checks=[{"kind": "path_exists", "path": "./output/140"}],
+    ),
     146: TaskVariant(
         why="the test reads ./output/146.wav against a reference .wav that was never published; the query asks "
         "for ./output/146.mp3 louder than the input mp3",
@@ -173,6 +184,8 @@ def checks_for(task_index: int, checks: list[dict[str, Any]], grading: Grading) 
     variant = VARIANTS.get(task_index)
     if grading is Grading.FIXED and variant is not None and variant.fixed_checks is not None:
         return variant.fixed_checks
+    if grading is Grading.ORIGINAL and variant is not None and variant.original_checks is not None:
+        return variant.original_checks
     return checks
 
 
