@@ -13,6 +13,7 @@ from executor.sandboxes.base import (
     DEFAULT_READY_TIMEOUT_S,
     SandboxSpec,
 )
+from services.k8s_pods import DEFAULT_NAMESPACE as DEFAULT_K8S_NAMESPACE
 from services.sandbox import DEFAULT_SANDBOX_IMAGE
 from services.settings import ServiceSettings
 
@@ -39,7 +40,8 @@ def default_worker_id() -> str:
 
 class ExecutorSettings(ServiceSettings):
     SANDBOX_BACKEND: str = "docker"
-    """``docker`` (isolated containers) or ``local`` (a kernel gateway subprocess, no isolation: development only)."""
+    """``docker`` (isolated containers), ``kubernetes`` (a pod per session) or ``local`` (a kernel gateway
+    subprocess, no isolation: development only)."""
     SANDBOX_IMAGE: str = DEFAULT_SANDBOX_IMAGE
     SANDBOX_NETWORK: str = DEFAULT_SANDBOX_NETWORK
     SANDBOX_MEMORY_MB: int = DEFAULT_MEMORY_MB
@@ -48,6 +50,10 @@ class ExecutorSettings(ServiceSettings):
     SANDBOX_READY_TIMEOUT_S: float = DEFAULT_READY_TIMEOUT_S
     SANDBOX_LOCAL_ROOT: str | None = None
     """Where the local backend makes its sandbox folders; unset: the system's temporary folder."""
+    K8S_NAMESPACE: str = DEFAULT_K8S_NAMESPACE
+    """The namespace of the kubernetes backend's sandbox pods."""
+    K8S_RUNTIME_CLASS: str = ""
+    """A RuntimeClass for the sandbox pods (``gvisor``); empty: the cluster's default."""
     MODEL_TIMEOUT_S: float = 300.0
     WARM_POOL: bool = True
     """Keep sandboxes started ahead of the sessions (``executor.worker.ExecutorWorker``); off: start each on demand."""

@@ -19,7 +19,17 @@ def _local(settings: ExecutorSettings) -> SandboxBackend:
     return LocalSandboxBackend(root=settings.SANDBOX_LOCAL_ROOT)
 
 
-BACKENDS: dict[str, Callable[[ExecutorSettings], SandboxBackend]] = {"docker": _docker, "local": _local}
+def _kubernetes(settings: ExecutorSettings) -> SandboxBackend:
+    from executor.sandboxes.kubernetes import KubernetesSandboxBackend
+
+    return KubernetesSandboxBackend(namespace=settings.K8S_NAMESPACE, runtime_class=settings.K8S_RUNTIME_CLASS)
+
+
+BACKENDS: dict[str, Callable[[ExecutorSettings], SandboxBackend]] = {
+    "docker": _docker,
+    "kubernetes": _kubernetes,
+    "local": _local,
+}
 """Backend factories by name; each imports its SDK only when called."""
 
 

@@ -1,0 +1,432 @@
+"""The Kubernetes backend: one pod per session, from the sandbox image, in the sandboxes' namespace.
+
+Each pod is hardened as the Docker sandboxes are (``services.k8s_pods``: user 1000, read-only root, every
+capability dropped, no privilege escalation, seccomp ``RuntimeDefault``, memory-backed size-capped ``emptyDir``
+folders for ``/workspace``, ``/tmp`` and its home, CPU and memory requests equal to limits, no service-account
+token, no service links, an active deadline; ``runtimeClassName`` when ``PBE_K8S_RUNTIME_CLASS`` names one). It
+runs the image's own program, the kernel gateway on port 8888, whose only variable from us is its token; the
+executor reaches it at the pod's IP (the namespace's NetworkPolicy lets only executor pods in, and nothing out).
+
+Files go in and out through the ``pods/exec`` subresource, as tar over the exec stream (no shared volume):
+``put_file`` pipes a one-file archive into ``tar -x`` in ``/workspace``; ``get_tree`` reads ``tar -c`` of a
+folder as it streams and keeps what ``TreeCollector`` keeps.
+
+Pods carry the project's labels (``services.sandbox``) and the deployment's (``app.kubernetes.io/part-of``,
+``app.kubernetes.io/component: sandbox``); names start with ``pbe-sbx-``. ``reap`` deletes by label selector
+(evaluation, worker) and age.
+
+Known gaps beside the docker backend: no process limit of its own (Kubernetes has none per pod; the kubelet's
+``podPidsLimit`` applies), and the network rules are the namespace's NetworkPolicy, not the backend's.
+"""
+
+import contextlib
+import functools
+import io
+import json
+import secrets
+import tarfile
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from executor.sandboxes.base import (
+    DEFAULT_MAX_TREE_BYTES,
+    DEFAULT_MAX_TREE_FILES,
+    SandboxBackend,
+    SandboxSpec,
+    Tree,
+    TreeCollector,
+)
+from services import k8s_client
+from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
+from services.k8s_pods import (
+    CONTAINER_NAME,
+    DEFAULT_NAMESPACE,
+    SANDBOX_UID,
+    SESSION_COMPONENT,
+    label_selector,
+    pod_labels,
+    sandbox_pod,
+)
+from services.sandbox import (
+    PROJECT,
+    PROJECT_LABEL,
+    ROLE_LABEL,
+    SANDBOX_ROLE,
+    WORKSPACE,
+    SandboxHandle,
+    reap_selector,
+    sandbox_labels,
+    sandbox_name,
+)
+
+DEFAULT_GATEWAY_PORT = 8888
+"""The port the kernel gateway listens on in the pod."""
+
+SANDBOX_HOME = "/home/sandbox"
+"""The sandbox user's home: a size-capped memory-backed folder."""
+
+DEFAULT_ACTIVE_DEADLINE_S = 12 * 3600
+"""The most seconds a session pod lives (warm in the pool, then serving a session) before Kubernetes ends it:
+a safety net for a pod a crashed worker forgot, far beyond any session."""
+
+DEFAULT_PROBLEM_TTL_S = 10.0
+"""How long a passed ``problem`` check holds before the cluster is asked again (the worker asks before each job)."""
+
+_PROBE_POD = "pbe-sbx-probe"
+_ERRORS = (ApiException, *k8s_client.TRANSIENT_ERRORS)
+
+
+class KubernetesSandboxBackend(SandboxBackend):
+    """Sandboxes as pods (see the module docstring)."""
+
+    name = "kubernetes"
+    telemetry_scope = "cgroup"
+
+    def __init__(
+        self,
+        namespace: str = DEFAULT_NAMESPACE,
+        runtime_class: str | None = None,
+        *,
+        configuration: client.Configuration | None = None,
+        active_deadline_s: int = DEFAULT_ACTIVE_DEADLINE_S,
+        gateway_port_for: Callable[[str], int] | None = None,
+    ) -> None:
+        """``configuration``: the cluster's (default: in-cluster, else ``KUBECONFIG``, loaded when first needed);
+        ``gateway_port_for``: for tests only, the port of a pod's kernel gateway by pod name (a fake API server's
+        pods all share one address); None: ``DEFAULT_GATEWAY_PORT``."""
+        self.namespace = namespace
+        self.runtime_class = runtime_class or None
+        self.active_deadline_s = active_deadline_s
+        self._configuration = configuration
+        self._core: client.CoreV1Api | None = None
+        self._gateway_port_for = gateway_port_for
+        self._lock = threading.Lock()
+        self._healthy_until = 0.0
+
+    @property
+    def configuration(self) -> client.Configuration:
+        """Raises SandboxStartError: no cluster configuration is there (``k8s_client.load_configuration``)."""
+        with self._lock:
+            if self._configuration is None:
+                self._configuration = k8s_client.load_configuration()
+            return self._configuration
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        configuration = self.configuration
+        with self._lock:
+            if self._core is None:
+                self._core = client.CoreV1Api(client.ApiClient(configuration))
+            return self._core
+
+    def pod_manifest(self, spec: SandboxSpec, name: str, token: str) -> dict[str, Any]:
+        """The pod a session sandbox of ``spec`` is, as sent to the API server."""
+        labels = pod_labels(
+            sandbox_labels(spec.evaluation_id, spec.task_index, spec.attempt, spec.worker), SESSION_COMPONENT
+        )
+        return sandbox_pod(
+            name=name,
+            namespace=self.namespace,
+            image=spec.image,
+            labels=labels,
+            memory_mb=spec.memory_mb,
+            cpus=spec.cpus,
+            writable={WORKSPACE: spec.workspace_mb, "/tmp": spec.tmp_mb, SANDBOX_HOME: spec.tmp_mb},
+            active_deadline_s=self.active_deadline_s,
+            env={"KG_AUTH_TOKEN": token},
+            ports={"gateway": DEFAULT_GATEWAY_PORT},
+            runtime_class=self.runtime_class,
+        )
+
+    def problem(self) -> str | None:
+        """Why sandboxes cannot start now: no configuration, the API unreachable, the namespace missing, the
+        rights missing, or the cluster refusing the pod (its Pod Security admission, say); checked by listing
+        pods and by a server-side dry run of a pod's creation. A passed check holds ``DEFAULT_PROBLEM_TTL_S``."""
+        if time.monotonic() < self._healthy_until:
+            return None
+        try:
+            core = self.core
+            host = self.configuration.host
+        except SandboxStartError as exc:
+            return str(exc)
+        try:
+            core.list_namespaced_pod(
+                self.namespace, limit=1, _preload_content=False, _request_timeout=k8s_client.DEFAULT_API_TIMEOUT_S
+            )
+            probe = SandboxSpec(evaluation_id="probe", task_index=0, attempt=1, image="probe")
+            core.create_namespaced_pod(
+                self.namespace,
+                self.pod_manifest(probe, _PROBE_POD, "probe"),
+                dry_run="All",
+                _preload_content=False,
+                _request_timeout=k8s_client.DEFAULT_API_TIMEOUT_S,
+            )
+        except _ERRORS as exc:
+            if isinstance(exc, ApiException) and exc.status in (400, 422):
+                return (
+                    f"the cluster refuses sandbox pods in {self.namespace} "
+                    f"({k8s_client.describe_api_error(exc, self.namespace, host)}): check the namespace's admission "
+                    "rules and PBE_K8S_RUNTIME_CLASS"
+                )
+            return k8s_client.describe_api_error(exc, self.namespace, host)
+        self._healthy_until = time.monotonic() + DEFAULT_PROBLEM_TTL_S
+        return None
+
+    def start(self, spec: SandboxSpec) -> SandboxHandle:
+        """Create the pod, watch it until it runs, wait until its kernel gateway answers at its IP.
+
+        Raises:
+            SandboxStartError: no cluster configuration; the API refused the pod (forbidden, no namespace) or
+                could not be reached; the pod failed, ended, was deleted or cannot pull its image while starting;
+                or it was not ready within ``spec.ready_timeout_s``. The pod is deleted before this is raised.
+        """
+        deadline = time.monotonic() + spec.ready_timeout_s
+        token = secrets.token_urlsafe(24)
+        name = sandbox_name(spec.evaluation_id, spec.task_index, spec.attempt)
+        manifest = self.pod_manifest(spec, name, token)
+        core = self.core
+        try:
+            core.create_namespaced_pod(
+                self.namespace, manifest, _preload_content=False, _request_timeout=k8s_client.DEFAULT_API_TIMEOUT_S
+            )
+        except _ERRORS as exc:
+            # A create whose answer was lost may have made the pod: delete it whatever happened.
+            k8s_client.delete_pod(core, name, self.namespace)
+            why = k8s_client.describe_api_error(exc, self.namespace, self.configuration.host)
+            raise SandboxStartError(f"cannot create sandbox pod {name}: {why}") from exc
+        try:
+            pod = k8s_client.wait_running(core, name, self.namespace, deadline)
+            address = str(pod["status"]["podIP"])
+            host = f"[{address}]" if ":" in address else address
+            port = self._gateway_port_for(name) if self._gateway_port_for else DEFAULT_GATEWAY_PORT
+            handle = SandboxHandle(
+                backend=self.name,
+                sandbox_id=str(pod["metadata"].get("uid", name)),
+                name=name,
+                url=f"http://{host}:{port}",
+                token=token,
+                image=spec.image,
+                created_at=datetime.now(UTC),
+                labels=manifest["metadata"]["labels"],
+            )
+            self._wait_ready(handle, deadline, spec.ready_timeout_s)
+        except BaseException:
+            k8s_client.delete_pod(core, name, self.namespace)
+            raise
+        return handle
+
+    def _wait_ready(self, handle: SandboxHandle, deadline: float, timeout_s: float) -> None:
+        """Wait until the gateway answers ``GET /api``; every second, make sure the pod still runs.
+
+        Raises:
+            SandboxStartError: the pod stopped running, or the gateway did not answer by ``deadline``.
+        """
+        last_error = "no answer"
+        next_check = time.monotonic() + 1.0
+        with httpx.Client(timeout=2.0) as http:
+            while time.monotonic() < deadline:
+                try:
+                    response = http.get(f"{handle.url}/api", headers={"Authorization": f"token {handle.token}"})
+                    if response.status_code == 200:
+                        return
+                    last_error = f"HTTP {response.status_code}"
+                except httpx.HTTPError as exc:
+                    last_error = str(exc) or type(exc).__name__
+                if time.monotonic() >= next_check:
+                    next_check = time.monotonic() + 1.0
+                    self._require_running(handle.name)
+                time.sleep(0.05)
+        raise SandboxStartError(
+            f"sandbox pod {handle.name}'s kernel gateway did not answer within {timeout_s:.0f} s ({last_error}); "
+            "raise PBE_SANDBOX_READY_TIMEOUT_S if the nodes are busy"
+        )
+
+    def _require_running(self, name: str) -> None:
+        try:
+            response = self.core.read_namespaced_pod(
+                name, self.namespace, _preload_content=False, _request_timeout=k8s_client.DEFAULT_API_TIMEOUT_S
+            )
+            pod = json.loads(response.data)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise SandboxStartError(f"sandbox pod {name} was deleted while starting") from exc
+            return
+        except k8s_client.TRANSIENT_ERRORS:
+            return
+        phase = (pod.get("status") or {}).get("phase")
+        if phase != "Running":
+            raise SandboxStartError(f"sandbox pod {name} stopped while its kernel gateway started (phase {phase})")
+
+    def _run(
+        self,
+        handle: SandboxHandle,
+        command: list[str],
+        stdin: bytes = b"",
+        on_stdout: Callable[[bytes], None] | None = None,
+    ) -> k8s_client.ExecResult:
+        return k8s_client.run_in_pod(
+            self.configuration, handle.name, self.namespace, command, CONTAINER_NAME, stdin, on_stdout=on_stdout
+        )
+
+    def put_file(self, handle: SandboxHandle, dest: str, data: bytes) -> None:
+        """Write ``dest`` (under ``/workspace``; missing folders are made) through ``tar -x`` over exec.
+
+        Raises:
+            SandboxError: ``dest`` is not under ``/workspace`` or climbs out of it.
+            SandboxUnavailableError: the pod is gone, or tar refused the file (its message is in the error).
+        """
+        parts = [part for part in dest.split("/") if part]
+        if not dest.startswith(WORKSPACE + "/") or len(parts) < 2 or ".." in parts or "." in parts or "\0" in dest:
+            raise SandboxError(
+                f"cannot write {dest!r}: sandbox files go under {WORKSPACE}/, e.g. {WORKSPACE}/data/a.csv"
+            )
+        archive = _one_file_archive(parts[1:], data)
+        # head -c: the v4 exec protocol cannot close stdin, so tar is given exactly the archive's bytes.
+        script = 'head -c "$2" | tar -x -o -f - -C "$1"'
+        result = self._run(handle, ["sh", "-c", script, "sh", WORKSPACE, str(len(archive))], archive)
+        if result.exit_code != 0:
+            message = result.stderr.decode(errors="replace").strip()[-300:]
+            raise SandboxUnavailableError(f"sandbox {handle.name} refused {dest} (tar: {message})")
+
+    def get_tree(
+        self,
+        handle: SandboxHandle,
+        path: str,
+        *,
+        max_files: int = DEFAULT_MAX_TREE_FILES,
+        max_bytes: int = DEFAULT_MAX_TREE_BYTES,
+    ) -> Tree:
+        """Stream ``tar -c`` of the folder out of the pod, keeping what ``TreeCollector`` keeps (the rest of the
+        archive is read through, never held). A missing folder (or a link) gives an empty tree.
+
+        Raises:
+            SandboxError: ``path`` is not absolute or holds a NUL character.
+            SandboxUnavailableError: the pod is gone, the stream broke, or the archive was broken.
+        """
+        if not path.startswith("/") or "\0" in path:
+            raise SandboxError(f"cannot read {path!r}: give an absolute sandbox path, e.g. {WORKSPACE}/output")
+        script = '[ -d "$1" ] && [ ! -L "$1" ] || exit 0; cd "$1" && exec tar -c -f - .'
+        execution = k8s_client.PodExec(
+            self.configuration, handle.name, self.namespace, ["sh", "-c", script, "sh", path], CONTAINER_NAME
+        )
+        collector = TreeCollector(max_files, max_bytes)
+        try:
+            reader = _ChunkReader(execution.chunks())
+            with tarfile.open(fileobj=reader, mode="r|") as tar:
+                for member in tar:
+                    relative = member.name.removeprefix("./").strip("/")
+                    if member.isdir():
+                        collector.add_folder(relative)
+                    elif member.isreg() and relative:
+                        collector.add_file(relative, member.size, functools.partial(_read_member, tar, member))
+            result = execution.finish()
+        except tarfile.ReadError as exc:
+            if reader.total == 0:  # the folder is missing: nothing was sent
+                result = execution.finish()
+                if result.exit_code == 0:
+                    return Tree(max_files=max_files, max_bytes=max_bytes)
+            raise SandboxUnavailableError(f"cannot read {path} from sandbox {handle.name}: {exc}") from exc
+        except (tarfile.TarError, OSError) as exc:
+            raise SandboxUnavailableError(f"cannot read {path} from sandbox {handle.name}: {exc}") from exc
+        finally:
+            execution.close()
+        if result.exit_code != 0:
+            message = result.stderr.decode(errors="replace").strip()[-300:]
+            raise SandboxUnavailableError(f"cannot read {path} from sandbox {handle.name} (tar: {message})")
+        return collector.tree()
+
+    def stop(self, handle: SandboxHandle) -> None:
+        """Delete the pod at once. Never raises, for a pod already gone neither."""
+        with contextlib.suppress(SandboxStartError):
+            k8s_client.delete_pod(self.core, handle.name, self.namespace)
+
+    def reap(
+        self, evaluation_id: str | None = None, older_than_s: float = 0.0, *, worker: str | None = None
+    ) -> list[str]:
+        """Delete this project's session pods (of one evaluation, or all; of one worker, or any's) created more
+        than ``older_than_s`` seconds ago; return their names.
+
+        Raises:
+            SandboxStartError: no cluster configuration, or the pods could not be listed (what to do is said).
+        """
+        wanted = {PROJECT_LABEL: PROJECT, ROLE_LABEL: SANDBOX_ROLE, **reap_selector(evaluation_id, worker)}
+        try:
+            response = self.core.list_namespaced_pod(
+                self.namespace,
+                label_selector=label_selector(wanted),
+                _preload_content=False,
+                _request_timeout=k8s_client.DEFAULT_API_TIMEOUT_S,
+            )
+            pods = json.loads(response.data).get("items") or []
+        except _ERRORS as exc:
+            why = k8s_client.describe_api_error(exc, self.namespace, self.configuration.host)
+            raise SandboxStartError(f"cannot list sandbox pods: {why}") from exc
+        cutoff = time.time() - older_than_s
+        removed = []
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            if _created_epoch(pod["metadata"].get("creationTimestamp", "")) <= cutoff:
+                k8s_client.delete_pod(self.core, name, self.namespace)
+                removed.append(name)
+        return removed
+
+
+def _created_epoch(stamp: str) -> float:
+    """Seconds since the epoch of an RFC 3339 time (``2026-01-02T03:04:05Z``); 0 if unreadable (reaped)."""
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _one_file_archive(relative: list[str], data: bytes) -> bytes:
+    """A tar of ``relative`` (its folders first), owned by the sandbox user."""
+    buffer = io.BytesIO()
+    now = int(time.time())
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for depth in range(1, len(relative)):
+            folder = tarfile.TarInfo("/".join(relative[:depth]))
+            folder.type, folder.mode, folder.mtime = tarfile.DIRTYPE, 0o755, now
+            folder.uid = folder.gid = SANDBOX_UID
+            tar.addfile(folder)
+        info = tarfile.TarInfo("/".join(relative))
+        info.size, info.mode, info.mtime = len(data), 0o644, now
+        info.uid = info.gid = SANDBOX_UID
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+class _ChunkReader(io.RawIOBase):
+    """A readable file over the exec stream's stdout chunks, so a tar archive is read as it arrives."""
+
+    def __init__(self, chunks: Any) -> None:
+        self._chunks = iter(chunks)
+        self._pending = memoryview(b"")
+        self.total = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._pending = memoryview(chunk)
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        self.total += size
+        return size
+
+
+def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    extracted = tar.extractfile(member)
+    return extracted.read() if extracted is not None else b""
