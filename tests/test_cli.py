@@ -145,6 +145,32 @@ def test_submit_checks_the_model_endpoint_first_and_prints_the_evaluation_id(
     assert again.status == 0 and json.loads(again.out)["evaluation"]["id"] == evaluation_id
 
 
+def test_submit_takes_every_field_the_api_takes(
+    cli: Callable[..., Run], model_server: tuple[str, list[str | None]], redis_client: Redis
+) -> None:
+    run = cli(
+        "submit", "--model-url", model_server[0], "--model", MODEL, "--tasks", "7", "--suite", "pybench",
+        "--mode", "tools", "--cell-timeout", "30", "--temperature", "0.3", "--top-p", "0.9", "--max-tokens", "512",
+        "--frequency-penalty", "0.1", "--input-price", "0.5", "--output-price", "1.5", "--no-server-preflight",
+        "--max-concurrency", "4", "--judge-url", model_server[0], "--judge-model", MODEL, "--judge-mode", "pairwise",
+    )  # fmt: skip
+    assert run.status == 0, run.err
+    evaluation = StateStore(redis_client).get(run.out.strip())
+    assert (evaluation.mode, evaluation.cell_timeout_s, evaluation.max_concurrency) == ("tools", 30.0, 4)
+    sampling = evaluation.sampling
+    assert (sampling.temperature, sampling.top_p, sampling.max_tokens, sampling.frequency_penalty) == (
+        0.3,
+        0.9,
+        512,
+        0.1,
+    )
+    assert evaluation.prices is not None and evaluation.prices.output_per_million == 1.5
+    assert evaluation.judge is not None and evaluation.judge.mode == "pairwise"
+    assert evaluation.manifest is not None and evaluation.manifest.mode == "tools"
+    half = cli("submit", "--model-url", model_server[0], "--model", MODEL, "--input-price", "1")
+    assert_one_error_line(half, 2, "a cost needs both --input-price and --output-price")
+
+
 def test_preflight_refuses_a_model_the_endpoint_does_not_serve_and_lists_what_it_serves(
     cli: Callable[..., Run], model_server: tuple[str, list[str | None]], redis_client: Redis
 ) -> None:
