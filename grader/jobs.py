@@ -21,7 +21,7 @@ from typing import Any
 from redis import Redis
 
 from grader import session_files, shared_output
-from grader.check_sandbox import run_file_checks
+from grader.check_backends import file_check_backend
 from grader.grading import FileCheckRunner, OriginalView, grade, regrade_original
 from grader.judge import judge_key_lost, judge_session
 from grader.settings import GraderSettings
@@ -69,7 +69,7 @@ def sandbox_runner(
     def run(checks: list[dict[str, Any]]) -> list[Any]:
         output_dir = store.output_dir(job.evaluation_id, job.task_index, job.attempt)
         files = session_files.gather(output_dir, suite, checks, borrowed.files if borrowed else None)
-        return run_file_checks(checks, files, image=image, timeout_s=timeout_s)
+        return file_check_backend()(checks, files, image=image, timeout_s=timeout_s)
 
     return run
 

@@ -1,5 +1,8 @@
 """The grader's settings (``PBE_`` environment variables), validated when a job starts."""
 
+from typing import Literal
+
+from services.k8s_pods import DEFAULT_NAMESPACE as DEFAULT_K8S_NAMESPACE
 from services.sandbox import DEFAULT_SANDBOX_IMAGE
 from services.settings import ServiceSettings
 
@@ -11,3 +14,10 @@ class GraderSettings(ServiceSettings):
     """The image whose containers run the checks that open produced files (the sessions' own sandbox image)."""
     GRADING_TIMEOUT_S: float = 120.0
     """How long the checks of one session may run in their sandbox before it is killed (they then fail)."""
+    GRADING_BACKEND: Literal["docker", "kubernetes"] = "docker"
+    """Where grading sandboxes run: ``docker`` (a container, ``grader.check_sandbox``) or ``kubernetes`` (a pod,
+    ``grader.check_pods``)."""
+    K8S_NAMESPACE: str = DEFAULT_K8S_NAMESPACE
+    """The namespace of the grading pods (the session sandboxes' namespace)."""
+    K8S_RUNTIME_CLASS: str = ""
+    """A RuntimeClass for the grading pods (``gvisor``); empty: the cluster's default."""

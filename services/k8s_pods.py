@@ -15,6 +15,7 @@ beside the project's own (``services.sandbox``), so the manifests' NetworkPolicy
 same pods the reaper does.
 """
 
+from datetime import datetime
 from typing import Any
 
 from services.sandbox import GRADING_ROLE, PROJECT, SANDBOX_ROLE
@@ -51,6 +52,15 @@ def pod_labels(project_labels: dict[str, str], component: str) -> dict[str, str]
 def label_selector(labels: dict[str, str]) -> str:
     """A label selector (``a=b,c=d``) that matches pods carrying all of ``labels``."""
     return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+
+
+def created_epoch(stamp: str) -> float:
+    """Seconds since the epoch of a pod's ``creationTimestamp`` (``2026-01-02T03:04:05Z``); 0 if unreadable (so
+    the reaper takes it)."""
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def _quantity_cpu(cpus: float) -> str:

@@ -50,6 +50,7 @@ from services.k8s_pods import (
     DEFAULT_NAMESPACE,
     SANDBOX_UID,
     SESSION_COMPONENT,
+    created_epoch,
     label_selector,
     pod_labels,
     sandbox_pod,
@@ -372,18 +373,10 @@ class KubernetesSandboxBackend(SandboxBackend):
         removed = []
         for pod in pods:
             name = pod["metadata"]["name"]
-            if _created_epoch(pod["metadata"].get("creationTimestamp", "")) <= cutoff:
+            if created_epoch(pod["metadata"].get("creationTimestamp", "")) <= cutoff:
                 k8s_client.delete_pod(self.core, name, self.namespace)
                 removed.append(name)
         return removed
-
-
-def _created_epoch(stamp: str) -> float:
-    """Seconds since the epoch of an RFC 3339 time (``2026-01-02T03:04:05Z``); 0 if unreadable (reaped)."""
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
 
 
 def _one_file_archive(relative: list[str], data: bytes) -> bytes:
