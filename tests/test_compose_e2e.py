@@ -1,11 +1,14 @@
 """The whole stack through docker compose: tasks submitted over REST run in sandboxes of their own against
 the replay model, are graded, and leave no sandbox behind."""
 
+import json
 import secrets
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import docker
+import httpx
 import pytest
 
 from executor.messages import INTERPRETER_PREFIX, opening_messages
@@ -16,6 +19,8 @@ from services.suite import load_suite
 from tests.fixtures import compose_stack, sandbox_objects
 
 pytestmark = [pytest.mark.compose, pytest.mark.docker, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
 
 STACK = "pbe-e2e"
 TASKS = [13, 30, 44, 77, 79, 134]
@@ -34,21 +39,52 @@ ADMIN_KEY = "pbe-e2e-admin-" + secrets.token_urlsafe(16)
 
 
 @pytest.fixture(scope="module")
-def gateway(suite_path: Path) -> Iterator[GatewayClient]:
+def stack(suite_path: Path) -> Iterator[str]:
+    """The stack's gateway URL (JSON log lines on)."""
     before = sandbox_objects()
-    variables = {"PBE_EXECUTORS": str(EXECUTORS), "PBE_WARM_POOL_SIZE": str(WARM_POOL_SIZE)}
+    variables = {
+        "PBE_EXECUTORS": str(EXECUTORS),
+        "PBE_WARM_POOL_SIZE": str(WARM_POOL_SIZE),
+        "PBE_LOG_FORMAT": "json",
+    }
     with compose_stack(STACK, suite_path, ADMIN_KEY, **variables) as url:
-        client = GatewayClient(url, api_key=ADMIN_KEY)
-        yield client
-        client.close()
+        yield url
     # The executors' warm sandboxes go with them: no sandbox object of the project (any role, any evaluation
     # label, warm-pool included) is left that was not there before the stack started.
     left = {key: labels for key, labels in sandbox_objects().items() if key not in before}
     assert left == {}, f"sandbox containers or volumes left after the stack stopped: {left}"
 
 
+@pytest.fixture(scope="module")
+def gateway(stack: str) -> Iterator[GatewayClient]:
+    with GatewayClient(stack, api_key=ADMIN_KEY) as client:
+        yield client
+
+
+def _worker_metrics(service: str, index: int) -> str:
+    """The Prometheus text a worker replica serves on its PBE_METRICS_PORT, read from inside its container."""
+    done = subprocess.run(
+        ["docker", "compose", "-p", STACK, "exec", "-T", "--index", str(index), service, "python3", "-c",
+         "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9100/metrics').read().decode())"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _total(text: str, name: str, **labels: str) -> float:
+    """The sum of a series over every label set that includes ``labels``."""
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+        if all(w in line for w in wanted)
+    )
+
+
 def test_tasks_submitted_over_rest_run_each_in_its_own_sandbox_and_are_graded(
-    gateway: GatewayClient, suite_path: Path
+    gateway: GatewayClient, stack: str, suite_path: Path
 ) -> None:
     before = sandbox_objects()
     view = gateway.submit(
@@ -75,6 +111,24 @@ def test_tasks_submitted_over_rest_run_each_in_its_own_sandbox_and_are_graded(
     assert results["metrics"]["fixed"]["passed"] == 5
     assert results["complete"] and results["metrics"]["tasks"] == len(TASKS)
     assert results["metrics"]["passed"] == 5
+
+    # Operators see the run: the gateway's series, each worker's, and JSON log lines that name the session.
+    gateway_metrics = httpx.get(f"{stack}/metrics", timeout=10).text
+    assert _total(gateway_metrics, "pbe_tasks", state="done") >= len(RUN)
+    assert _total(gateway_metrics, "pbe_http_requests_total", route="/v1/evaluations", status="201") >= 1
+    executors = "".join(_worker_metrics("executor", i) for i in range(1, EXECUTORS + 1))
+    assert _total(executors, "pbe_sessions_total", end_reason="no_code") >= len(RUN)
+    assert _total(executors, "pbe_sandbox_start_seconds_count") >= len(RUN)
+    assert _total(executors, "pbe_cell_duration_seconds_count") >= len(RUN)
+    graders = "".join(_worker_metrics("grader", i) for i in (1, 2))
+    assert _total(graders, "pbe_gradings_total", status="passed") >= len(RUN)
+    logs = subprocess.run(
+        ["docker", "compose", "-p", STACK, "logs", "--no-color", "--no-log-prefix", "executor"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    ).stdout  # fmt: skip
+    lines = [json.loads(line) for line in logs.splitlines() if line.startswith("{")]
+    ours = [line for line in lines if line.get("evaluation") == evaluation_id]
+    assert {line["task"] for line in ours} >= set(RUN) and all(line["attempt"] >= 1 for line in ours)
 
     suite = load_suite(suite_path)
     sandboxes, names = set(), set()
