@@ -42,8 +42,26 @@ def test_file_exists_any_needs_one_of_its_paths() -> None:
 
 
 @pytest.mark.parametrize(
+    ("produced", "passed"),
+    [
+        ({"./output/140"}, True),  # a plain file: os.path.exists passes it
+        ({"./output/140/snake.py"}, True),  # a folder with files
+        ({"./output/140/"}, True),  # an empty folder
+        ({"./output/1400", "./output/140.py", "./output/140_old/a.py"}, False),  # names that only start alike
+        (set(), False),
+    ],
+)
+def test_path_exists_is_existence_as_os_path_exists_sees_it(produced: set[str], passed: bool) -> None:
+    check = {"kind": "path_exists", "path": "./output/140"}
+    result = run_check(check, CheckContext(answer="", output_files=frozenset(produced)))
+    assert runs_in_process(check) and result.passed is passed
+    assert ("./output/140" in result.detail) and (("nothing" in result.detail) is not passed)
+
+
+@pytest.mark.parametrize(
     "check",
     [
+        {"kind": "path_exists", "path": "./"},
         {"kind": "answer_contains_all"},
         {"kind": "answer_contains_any", "strings": []},
         {"kind": "file_exists", "paths": "./output/1.png"},
