@@ -71,6 +71,8 @@ class FakePod:
     gateway: "subprocess.Popen[bytes] | None" = None
     gateway_port: int | None = None
     events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
+    execs: list[int] = field(default_factory=list)
+    """Process ids of the commands exec'd in it (killed, with their groups, when the pod is deleted)."""
 
 
 def _status(code: int, reason: str, message: str) -> JSONResponse:
@@ -259,6 +261,9 @@ class FakeKubeAPI:
             self._event(pod, "DELETED")
             manifest = pod.manifest
         self._stop_gateway(pod)
+        for pid in pod.execs:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
         shutil.rmtree(pod.folder, ignore_errors=True)
         return JSONResponse(manifest)
 
@@ -412,6 +417,7 @@ class FakeKubeAPI:
             start_new_session=True,
         )
         assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+        pod.execs.append(process.pid)
 
         async def pump(source: asyncio.StreamReader, channel: int) -> None:
             while chunk := await source.read(65536):
