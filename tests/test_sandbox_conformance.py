@@ -1,4 +1,5 @@
-"""One set of cases every sandbox backend must pass, run against each backend (``local``; ``docker`` with -m docker).
+"""One set of cases every sandbox backend must pass, run against each backend (``local``; ``docker`` with -m docker;
+``kubernetes`` when ``KUBECONFIG`` points at a real cluster).
 
 A backend that lacks something on purpose declares it in ``KNOWN_GAPS``; the cases that test it are skipped
 for that backend with the gap's text as the reason. Every case uses an evaluation id of its own and removes
@@ -38,6 +39,9 @@ KNOWN_GAPS: dict[str, dict[str, str]] = {
         "limits": "the local backend sets no memory, CPU or process limits",
     },
     "docker": {},
+    "kubernetes": {
+        "limits": "Kubernetes has no process limit per pod: the kubelet's podPidsLimit applies, not the spec's pids",
+    },
 }
 """What each backend lacks on purpose, by the name the cases ask for."""
 
@@ -82,11 +86,41 @@ def _docker_exists(handle: SandboxHandle) -> bool:
         return bool(engine.volumes.list(filters={"name": handle.name}))
 
 
-@pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+def _kubernetes_exists(handle: SandboxHandle) -> bool:
+    from kubernetes.client.rest import ApiException
+
+    from executor.sandboxes.kubernetes import KubernetesSandboxBackend
+
+    backend = KubernetesSandboxBackend(os.environ.get("PBE_K8S_NAMESPACE", "pybench-eval-sandboxes"))
+    try:
+        backend.core.read_namespaced_pod(handle.name, backend.namespace)
+        return True
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+
+
+@pytest.fixture(scope="module", params=["local", pytest.param("docker", marks=pytest.mark.docker), "kubernetes"])
 def kind(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Kind:
     if request.param == "local":
         root = tmp_path_factory.mktemp("local-sandboxes")
         return Kind("local", "local", lambda: LocalSandboxBackend(root=root), _local_exists)
+    if request.param == "kubernetes":
+        # A real cluster, with the sandbox image loaded and the manifests applied; pod IPs reachable from here.
+        kubeconfig = os.environ.get("KUBECONFIG", "")
+        if not kubeconfig or not all(Path(path).is_file() for path in kubeconfig.split(os.pathsep)):
+            pytest.skip("KUBECONFIG does not point at a real cluster's configuration (no Kubernetes API here)")
+        from executor.sandboxes.kubernetes import KubernetesSandboxBackend
+
+        namespace = os.environ.get("PBE_K8S_NAMESPACE", "pybench-eval-sandboxes")
+        runtime_class = os.environ.get("PBE_K8S_RUNTIME_CLASS") or None
+        return Kind(
+            "kubernetes",
+            SANDBOX_IMAGE,
+            lambda: KubernetesSandboxBackend(namespace, runtime_class),
+            _kubernetes_exists,
+        )
     from executor.sandboxes.docker import DockerSandboxBackend
 
     network: str = request.getfixturevalue("sandbox_network")
