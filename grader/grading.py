@@ -13,11 +13,12 @@ grading sandboxes, each with its own view.
 """
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from grader.checks import CheckContext, normalise_output_path, run_check, runs_in_process
+from grader.shared_output import named_outputs
 from grader.variants import Forced, Grading, checks_for, forced_outcome, ungradable_reason
 from services.task import Task
 from services.trajectory import Trajectory
@@ -31,12 +32,13 @@ FileCheckRunner = Callable[[list[dict[str, Any]]], list[CheckResult]]
 class OriginalView:
     """What the ``original`` grading sees beyond the session's own files.
 
-    ``borrowed``: the ``./output/...`` names of other tasks' files it sees (``grader.shared_output.Borrowed``).
+    ``borrowed``: the ``./output/...`` names of other tasks' files it sees (``grader.shared_output.Borrowed``),
+    each with where it comes from (``task 67, attempt 1``), which the details of the checks that read it say.
     ``run_file_checks``: runs file-opening checks over the session's files with those added (None: such checks
     are undecided, as without a grading sandbox).
     """
 
-    borrowed: frozenset[str] = frozenset()
+    borrowed: Mapping[str, str] = field(default_factory=dict)
     run_file_checks: FileCheckRunner | None = None
 
 
@@ -167,8 +169,22 @@ def grade(
 def _grade_original(
     task: Task, trajectory: Trajectory, files: frozenset[str], view: OriginalView, sandboxed: SandboxedResults
 ) -> GradingOutcome:
-    context = CheckContext(trajectory.last_message, files | view.borrowed)
-    return _grade_one(task, Grading.ORIGINAL, context, sandboxed)
+    context = CheckContext(trajectory.last_message, files | frozenset(view.borrowed))
+    outcome = _grade_one(task, Grading.ORIGINAL, context, sandboxed)
+    checks = checks_for(task.index, task.checks, Grading.ORIGINAL)
+    if not view.borrowed or not outcome.checks or len(outcome.checks) != len(checks):
+        return outcome  # nothing borrowed, or a forced or undecidable outcome
+    results = []
+    for check, result in zip(checks, outcome.checks, strict=True):
+        paths = named_outputs(check)
+        seen = [
+            f"{name} of {source}"
+            for name, source in sorted(view.borrowed.items())
+            if any(name.rstrip("/") == path or name.startswith(path + "/") for path in paths)
+        ]
+        note = f" (in the shared ./output: {', '.join(seen)})" if seen else ""
+        results.append(result.model_copy(update={"detail": result.detail + note}))
+    return _outcome(results)
 
 
 def regrade_original(

@@ -184,7 +184,8 @@ def _borrowing_lock(redis: Redis, evaluation_id: str, *, held: bool) -> Iterator
 
 def _view(run_files: RunnerFactory | None, job: GradeJob, borrowed: shared_output.Borrowed) -> OriginalView:
     """What the original grading of ``job``'s session sees: its files and ``borrowed`` (perhaps none)."""
-    return OriginalView(borrowed=borrowed.names, run_file_checks=run_files(job, borrowed) if run_files else None)
+    sources = {name: f"task {task}, attempt {attempt}" for name, (task, attempt) in borrowed.lenders.items()}
+    return OriginalView(borrowed=sources, run_file_checks=run_files(job, borrowed) if run_files else None)
 
 
 def _regrade_borrowers(

@@ -113,6 +113,8 @@ def test_68_passes_the_original_grading_when_the_evaluations_67_produced_67_png(
     assert grade_task(redis_client, suite, store, "share-yes", 68) == {"task": 68, "status": "passed"}
     verdict = verdict_of(redis_client, "share-yes", 68)
     assert verdict.status is PASSED and verdict.fixed is not None and verdict.fixed.status is PASSED
+    assert "in the shared ./output: ./output/67.png of task 67, attempt 1" in verdict.checks[0].detail
+    assert "shared" not in verdict.fixed.checks[0].detail
 
 
 def test_68_fails_the_original_grading_when_the_evaluations_67_did_not_produce_it(
