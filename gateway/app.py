@@ -59,7 +59,6 @@ def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = 
     app.include_router(evaluations.router)
     app.include_router(suites.router)
     app.include_router(leaderboard.router)
-    install_metrics(app, redis)
     if os.environ.get(LOG_FORMAT_VARIABLE, "").strip().lower() == "json":
         configure_logging("json")
 
@@ -82,6 +81,8 @@ def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = 
                 f"the service cannot reach Redis ({type(exc).__name__}); retry shortly",
                 request.url.path,
             )
+
+    install_metrics(app, redis)  # outermost: it sees every answer, the guard's and the body limit's too
 
     @app.get("/health", operation_id="health", tags=["health"])
     def health(response: Response) -> dict[str, str]:

@@ -31,3 +31,16 @@ def file_check_backend(settings: GraderSettings | None = None) -> FileCheckBacke
     from grader import check_sandbox
 
     return check_sandbox.run_file_checks
+
+
+def reap_grading_sandboxes(older_than_s: float, settings: GraderSettings | None = None) -> list[str]:
+    """Remove the grading sandboxes (containers or pods, by ``PBE_GRADING_BACKEND``) a killed grader left, older
+    than ``older_than_s``; returns their names."""
+    settings = settings or GraderSettings()
+    if settings.GRADING_BACKEND == "kubernetes":
+        from grader import check_pods
+
+        return check_pods.reap(older_than_s=older_than_s, namespace=settings.K8S_NAMESPACE)
+    from grader import check_sandbox
+
+    return check_sandbox.reap(older_than_s=older_than_s)

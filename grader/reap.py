@@ -1,4 +1,5 @@
-"""Remove grading sandboxes (containers and their volumes) that a killed grader left behind.
+"""Remove grading sandboxes (containers and their volumes, or pods with PBE_GRADING_BACKEND=kubernetes) that a
+killed grader left behind.
 
 Usage: python -m grader.reap [--older-than SECONDS]
 
@@ -10,7 +11,7 @@ progress is younger).
 import argparse
 import sys
 
-from grader.check_sandbox import reap
+from grader.check_backends import reap_grading_sandboxes
 
 DEFAULT_REAP_AGE_S = 600.0
 """Grading sandboxes younger than this are left alone by default: a grading may be using them."""
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Remove leftover pybench-eval grading sandboxes.")
     parser.add_argument("--older-than", type=float, default=DEFAULT_REAP_AGE_S, help="seconds (default 600)")
     args = parser.parse_args(argv)
-    removed = reap(older_than_s=args.older_than)
+    removed = reap_grading_sandboxes(args.older_than)
     for name in removed:
         print(f"removed {name}")
     print(f"{len(removed)} grading sandbox object(s) removed")
