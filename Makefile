@@ -32,10 +32,10 @@ export PBE_SUITE_DIR DOCKER_GID PBE_GATEWAY_PORT BASE_IMAGE
 
 COMPOSE := docker compose -p pybench-eval
 
-.PHONY: help host-deps install compose-plugin base-image wheels images model-image real-model up down demo test lint bench bench-sandbox bench-grading bench-throughput reap
+.PHONY: help host-deps install compose-plugin base-image wheels images model-image k8s-tools real-model up down demo test lint bench bench-sandbox bench-grading bench-throughput reap
 
 help: ## List the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
 
 host-deps: ## Check the host (Docker answers; debootstrap, python3-venv); as root, install what is missing
 	@PYTHON=$(PYTHON) bash scripts/host-deps.sh docker venv $(if $(filter $(LOCAL_BASE),$(BASE_IMAGE)),debootstrap)
@@ -76,6 +76,9 @@ model-image: $(VENV)/.installed base-image ## Build the image of the real model'
 	@bash scripts/stage-model-image.sh
 	docker build -q --force-rm --build-arg BASE_IMAGE=$(BASE_IMAGE) -t pybench-eval/llama:latest docker/llama
 
+k8s-tools: ## Install checkov and kubernetes-validate (a venv each under var/tools) for the k8s/ manifest tests
+	@PYTHON=$(PYTHON) bash scripts/install-k8s-tools.sh
+
 real-model: $(VENV)/.installed-dev ## Install llama.cpp's server (compiles once, ~3.5 min) and SmolLM2-135M-Instruct
 	@PYTHON=$(PY) bash scripts/install-real-model.sh
 
@@ -95,7 +98,7 @@ demo: up $(VENV)/.installed ## Run ten PyBench tasks against the replay model an
 	set -a; . ./.env; set +a; $(PY) scripts/demo.py --gateway http://127.0.0.1:$(PBE_GATEWAY_PORT) $(DEMO_ARGS)
 	@echo "the stack is still up at http://127.0.0.1:$(PBE_GATEWAY_PORT); stop it with: make down"
 
-test: host-deps $(VENV)/.installed-dev compose-plugin ## Run the tests (unit, real Redis, sandboxes, compose, a real model)
+test: host-deps $(VENV)/.installed-dev compose-plugin k8s-tools ## Run the tests (unit, real Redis, sandboxes, compose, a real model)
 	@PYTHON=$(PYTHON) bash scripts/host-deps.sh redis-server
 	@# The images build (mostly downloads and Docker) while llama.cpp compiles.
 	$(MAKE) --no-print-directory -j2 images real-model
