@@ -14,6 +14,7 @@ from redis.exceptions import RedisError
 
 from gateway import openapi, reconcile
 from gateway.bodylimit import BodySizeLimit
+from gateway.dashboard.pages import install_dashboard
 from gateway.observe import install_metrics
 from gateway.problems import install_problem_handlers, problem_response
 from gateway.routers import evaluations, leaderboard, suites
@@ -82,6 +83,7 @@ def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = 
                 request.url.path,
             )
 
+    install_dashboard(app)
     install_metrics(app, redis)  # outermost: it sees every answer, the guard's and the body limit's too
 
     @app.get("/health", operation_id="health", tags=["health"])

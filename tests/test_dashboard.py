@@ -1,0 +1,200 @@
+"""The dashboard over HTTP: sign-in and its cookie, who sees what, forms that need their token, hostile model
+output shown as text, files answered safely, and every page rendering. Real Redis, the gateway app, the artifact
+store on disk (the browser tests are in test_dashboard_browser.py)."""
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from redis import Redis
+
+from gateway.app import create_app
+from gateway.dashboard.access import COOKIE
+from gateway.settings import GatewaySettings
+from services.apikeys import ApiKeyStore
+from services.state import StateStore
+from services.store import ArtifactStore
+from services.verdict import VerdictStatus
+from tests import dashboard_data as data
+from tests.fixtures import ADMIN_KEY, gateway_settings
+
+
+@pytest.fixture()
+def settings(redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path) -> GatewaySettings:
+    return gateway_settings(redis_url, suite_path, tmp_path)
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> ArtifactStore:
+    return ArtifactStore(tmp_path)
+
+
+def _client(settings: GatewaySettings, key: str | None = None) -> TestClient:
+    client = TestClient(create_app(settings), base_url="http://testserver", follow_redirects=False)
+    if key is not None:
+        client.headers["Authorization"] = f"Bearer {key}"
+    return client
+
+
+@pytest.fixture()
+def api(settings: GatewaySettings) -> Iterator[TestClient]:
+    with _client(settings, ADMIN_KEY) as client:
+        yield client
+
+
+def sign_in(client: httpx.Client, key: str) -> str:
+    """Sign ``client`` in with ``key``; returns the session's CSRF token read from a page."""
+    response = client.post("/dashboard/login", data={"key": key, "next": "/dashboard/runs"})
+    assert response.status_code == 303 and response.headers["location"] == "/dashboard/runs", response.text
+    page = client.get("/dashboard/runs")
+    assert page.status_code == 200
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found is not None
+    return found.group(1)
+
+
+def test_pages_need_a_session_and_sign_in_sets_a_safe_cookie(settings: GatewaySettings) -> None:
+    with _client(settings) as browser:
+        page = browser.get("/dashboard/runs")
+        assert page.status_code == 303 and page.headers["location"].startswith("/dashboard/login?next=")
+        assert browser.get("/dashboard/evaluations/x/events").status_code == 401
+        refused = browser.post("/dashboard/login", data={"key": "pbe-nope", "next": "/dashboard/runs"})
+        assert refused.status_code == 401 and "not an active API key" in refused.text
+        assert COOKIE not in refused.headers.get("set-cookie", "")
+        signed = browser.post("/dashboard/login", data={"key": ADMIN_KEY, "next": "https://evil.example/x"})
+        assert signed.status_code == 303 and signed.headers["location"] == "/dashboard/runs"  # never off-site
+        cookie = signed.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=lax" in cookie and "Path=/dashboard" in cookie
+        assert ADMIN_KEY not in cookie
+        runs = browser.get("/dashboard/runs")
+        assert runs.status_code == 200 and "Sign out" in runs.text and ADMIN_KEY not in runs.text
+        assert "script-src 'self'" in runs.headers["content-security-policy"]
+
+
+def test_sign_out_needs_the_token_and_ends_the_session(settings: GatewaySettings, redis_client: Redis) -> None:
+    with _client(settings) as browser:
+        csrf = sign_in(browser, ADMIN_KEY)
+        assert browser.post("/dashboard/logout", data={"csrf": "forged"}).status_code == 403
+        assert browser.post("/dashboard/logout", data={"csrf": csrf}).status_code == 303
+        browser.cookies.clear()  # the browser forgets; the old token must be dead server-side too
+    assert not list(redis_client.scan_iter("pbe:dashboard:session:*"))
+
+
+def test_a_key_sees_its_own_evaluations_and_another_keys_is_a_404_page(
+    settings: GatewaySettings, redis_client: Redis, store: ArtifactStore
+) -> None:
+    _, alice = ApiKeyStore(redis_client).create("alice")
+    _, bob = ApiKeyStore(redis_client).create("bob")
+    with _client(settings, alice) as alice_api, _client(settings, bob) as bob_api:
+        mine = data.submit(alice_api, [7], "alice-model")
+        theirs = data.submit(bob_api, [7], "bob-model")
+    data.finish(redis_client, store, theirs, 7, VerdictStatus.PASSED)
+    with _client(settings) as browser:
+        sign_in(browser, alice)
+        runs = browser.get("/dashboard/runs").text
+        assert mine["id"] in runs and theirs["id"] not in runs
+        for path in (
+            f"/dashboard/evaluations/{theirs['id']}",
+            f"/dashboard/evaluations/{theirs['id']}/tasks/7",
+            f"/dashboard/evaluations/{theirs['id']}/tasks/7/files/sales.png",
+            f"/dashboard/evaluations/{theirs['id']}/tasks/7/notebook",
+            f"/dashboard/compare?ids={mine['id']}&ids={theirs['id']}",
+        ):
+            response = browser.get(path)
+            assert response.status_code == 404, path
+            assert "Evaluation not found" in response.text and "bob-model" not in response.text
+    with _client(settings) as admin:
+        sign_in(admin, ADMIN_KEY)
+        assert theirs["id"] in admin.get("/dashboard/runs").text
+
+
+def test_cancel_and_retry_are_for_the_owner_with_the_forms_token(
+    settings: GatewaySettings, redis_client: Redis, store: ArtifactStore
+) -> None:
+    keys = ApiKeyStore(redis_client)
+    _, owner = keys.create("owner")
+    _, admin_two = keys.create("ops", admin=True)
+    with _client(settings, owner) as owner_api:
+        evaluation = data.submit(owner_api, [7, 16], "m")
+    data.finish(redis_client, store, evaluation, 7, VerdictStatus.FAILED)
+    state = StateStore(redis_client)
+    with _client(settings) as browser:
+        csrf = sign_in(browser, owner)
+        page = browser.get(f"/dashboard/evaluations/{evaluation['id']}").text
+        assert "Retry failed tasks" in page and "Cancel" in page
+        forged = browser.post(f"/dashboard/evaluations/{evaluation['id']}/retry", data={"csrf": "x"})
+        assert forged.status_code == 403 and state.task_attempt(evaluation["id"], 7) == 1
+        other_site = browser.post(
+            f"/dashboard/evaluations/{evaluation['id']}/retry",
+            data={"csrf": csrf},
+            headers={"Origin": "https://evil.example"},
+        )
+        assert other_site.status_code == 403
+        done = browser.post(f"/dashboard/evaluations/{evaluation['id']}/retry", data={"csrf": csrf})
+        assert done.status_code == 303 and state.task_attempt(evaluation["id"], 7) == 2
+        assert browser.post(f"/dashboard/evaluations/{evaluation['id']}/cancel", data={"csrf": csrf}).status_code == 303
+        assert state.cancelled(evaluation["id"])
+    with _client(settings) as ops:
+        csrf = sign_in(ops, admin_two)
+        again = ops.post(f"/dashboard/evaluations/{evaluation['id']}/retry", data={"csrf": csrf})
+        assert again.status_code == 409 and "cancelled" in again.text
+
+
+def test_hostile_model_output_is_shown_as_text_and_files_cannot_run_script(
+    settings: GatewaySettings, redis_client: Redis, store: ArtifactStore, api: TestClient
+) -> None:
+    evaluation = data.submit(api, [7], "m")
+    data.finish(redis_client, store, evaluation, 7, VerdictStatus.PASSED, reply=data.HOSTILE, judged=True)
+    store.put_output_file(
+        evaluation["id"], 7, 1, "evil.svg", b'<svg xmlns="http://www.w3.org/2000/svg"><script/></svg>'
+    )
+    store.put_output_file(evaluation["id"], 7, 1, "page.html", b"<script>alert(1)</script>")
+    with _client(settings) as browser:
+        sign_in(browser, ADMIN_KEY)
+        page = browser.get(f"/dashboard/evaluations/{evaluation['id']}/tasks/7")
+        assert page.status_code == 200
+        assert "<script>window.pwned" not in page.text and "&lt;script&gt;window.pwned = 1&lt;/script&gt;" in page.text
+        assert "<b>12</b>" not in page.text and "&lt;b&gt;12&lt;/b&gt;" in page.text  # a CSV cell, escaped
+        assert "The chart answers the query." in page.text  # the judge's reasoning
+        base = f"/dashboard/evaluations/{evaluation['id']}/tasks/7/files"
+        svg = browser.get(f"{base}/evil.svg")
+        assert svg.headers["content-type"] == "image/svg+xml" and "sandbox" in svg.headers["content-security-policy"]
+        html = browser.get(f"{base}/page.html")
+        assert html.headers["content-type"] == "application/octet-stream"
+        assert html.headers["content-disposition"].startswith("attachment")
+        assert browser.get(f"{base}/../../../../etc/passwd").status_code == 404
+        assert browser.get(f"/dashboard/evaluations/{evaluation['id']}/tasks/7/suite/../checks.json").status_code == 404
+
+
+def test_every_page_renders_with_its_figures(
+    settings: GatewaySettings, redis_client: Redis, store: ArtifactStore, api: TestClient
+) -> None:
+    strong = data.submit(api, [7, 16, 44], "strong", prices={"input_per_million": 1, "output_per_million": 2})
+    weak = data.submit(api, [7, 16, 44], "weak")
+    for task in (7, 16, 44):
+        data.finish(redis_client, store, strong, task, VerdictStatus.PASSED, judged=True)
+        data.finish(redis_client, store, weak, task, VerdictStatus.PASSED if task == 7 else VerdictStatus.FAILED)
+    with _client(settings) as browser:
+        sign_in(browser, ADMIN_KEY)
+        page = browser.get(f"/dashboard/evaluations/{strong['id']}").text
+        assert "<svg" in page and "Pass rates of strong" in page and "100.0%" in page
+        assert "Judge versus tests" in page and "$0.0099" in page  # 9000 prompt + 450 completion tokens
+        filtered = browser.get(f"/dashboard/evaluations/{weak['id']}?verdict=failed").text
+        assert "2 of 3" in filtered
+        task = browser.get(f"/dashboard/evaluations/{strong['id']}/tasks/7").text
+        assert 'src="data:image/png;base64,' in task and "sales.png" in task and "<td>Feb</td>" in task
+        assert "ValueError: could not convert string to float" in task and "88 MiB peak" in task
+        notebook = browser.get(f"/dashboard/evaluations/{strong['id']}/tasks/7/notebook")
+        assert notebook.status_code == 200 and notebook.json()["nbformat"] == 4
+        image = browser.get(f"/dashboard/evaluations/{strong['id']}/tasks/7/files/sales.png")
+        assert image.status_code == 200 and image.content.startswith(b"\x89PNG")
+        compare = browser.get(f"/dashboard/compare?ids={strong['id']}&ids={weak['id']}&only_different=true").text
+        assert 'class="differs"' in compare and "not comparable" not in compare
+        board = browser.get("/dashboard/leaderboard").text
+        assert board.index("strong") < board.index("weak") and "Chart" in board
+        assert browser.get("/dashboard/static/dashboard.js").headers["content-type"].startswith("text/javascript")
+        assert ".code" in browser.get("/dashboard/static/code.css").text
+        assert browser.get("/dashboard/static/../pages.py").status_code == 404
