@@ -32,7 +32,7 @@ export PBE_SUITE_DIR DOCKER_GID PBE_GATEWAY_PORT BASE_IMAGE
 
 COMPOSE := docker compose -p pybench-eval
 
-.PHONY: help host-deps install compose-plugin base-image wheels images model-image k8s-tools real-model up down demo test lint bench bench-sandbox bench-grading bench-throughput reap
+.PHONY: help host-deps install compose-plugin base-image wheels images model-image k8s-tools real-model up down demo test lint bench bench-sandbox bench-grading bench-throughput bench-dashboard reap
 
 help: ## List the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -96,10 +96,10 @@ down: ## Stop the stack and remove its sandboxes (volumes are kept)
 
 demo: up $(VENV)/.installed ## Run ten PyBench tasks against the replay model and print the verdicts; leaves the stack up
 	set -a; . ./.env; set +a; $(PY) scripts/demo.py --gateway http://127.0.0.1:$(PBE_GATEWAY_PORT) $(DEMO_ARGS)
-	@echo "the stack is still up at http://127.0.0.1:$(PBE_GATEWAY_PORT); stop it with: make down"
+	@echo "the stack is still up at http://127.0.0.1:$(PBE_GATEWAY_PORT) (dashboard: /dashboard); stop it with: make down"
 
 test: host-deps $(VENV)/.installed-dev compose-plugin k8s-tools ## Run the tests (unit, real Redis, sandboxes, compose, a real model)
-	@PYTHON=$(PYTHON) bash scripts/host-deps.sh redis-server
+	@PYTHON=$(PYTHON) bash scripts/host-deps.sh redis-server chromium chromedriver
 	@# The images build (mostly downloads and Docker) while llama.cpp compiles.
 	$(MAKE) --no-print-directory -j2 images real-model
 	$(PY) -m pytest
@@ -114,6 +114,10 @@ bench-grading: images $(VENV)/.installed-dev ## Grading figures: every suite tas
 
 bench-throughput: up $(VENV)/.installed-dev ## All 143 tasks through the stack (instant and 2 s model) against PyBench's unisolated way (root)
 	set -a; . ./.env; set +a; $(PY) scripts/bench_throughput.py --suite $(PBE_SUITE_DIR)
+
+bench-dashboard: $(VENV)/.installed-dev ## Dashboard server time: a 143-task evaluation page, a task page of 10 turns and 10 charts
+	@PYTHON=$(PYTHON) bash scripts/host-deps.sh redis-server
+	$(PY) scripts/bench_dashboard.py --suite $(PBE_SUITE_DIR)
 
 lint: $(VENV)/.installed-dev ## ruff and mypy
 	$(PY) -m ruff check services gateway executor grader tests scripts

@@ -65,6 +65,8 @@ def main() -> int:
     for name, category in metrics["per_category"].items():
         print(f"  {name:<12} {category['passed']}/{category['tasks']}")
     client.close()
+    print(f"\ndashboard: {args.gateway.rstrip('/')}/dashboard/evaluations/{evaluation_id}")
+    print(f"  (sign in with the API key in ${args.key_env}; `make down` stops the stack)")
     return 0
 
 

@@ -2,7 +2,7 @@
 # Check that the host has what a make target needs, before anything long starts; as root with apt-get, install
 # what is missing from Debian's packages, else name it in one message and fail.
 #
-#   scripts/host-deps.sh [docker] [debootstrap] [redis-server] [venv] ...
+#   scripts/host-deps.sh [docker] [debootstrap] [redis-server] [venv] [chromium] [chromedriver] ...
 set -euo pipefail
 python="${PYTHON:-python3}"
 missing=() packages=()
@@ -20,6 +20,8 @@ for need in "$@"; do
       fi ;;
     venv)
       "$python" -c 'import ensurepip, venv' 2>/dev/null || { missing+=(venv); packages+=(python3-venv); } ;;
+    chromedriver)
+      command -v chromedriver >/dev/null || { missing+=(chromedriver); packages+=(chromium-driver); } ;;
     *)
       command -v "$need" >/dev/null || { missing+=("$need"); packages+=("$need"); } ;;
   esac
