@@ -6,6 +6,9 @@ Running cells is not the backend's job: every backend exposes a kernel gateway (
 """
 
 import bisect
+import io
+import tarfile
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -246,3 +249,21 @@ class TreeCollector:
             max_files=self.max_files,
             max_bytes=self.max_bytes,
         )
+
+
+def one_file_archive(relative: list[str], data: bytes, uid: int) -> bytes:
+    """A tar holding the file ``relative`` (path parts under the folder it is unpacked in) with its folders first,
+    all owned by ``uid`` (the sandbox user): how ``put_file`` sends a file into a container or a pod."""
+    buffer = io.BytesIO()
+    now = int(time.time())
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for depth in range(1, len(relative)):
+            folder = tarfile.TarInfo("/".join(relative[:depth]))
+            folder.type, folder.mode, folder.mtime = tarfile.DIRTYPE, 0o755, now
+            folder.uid = folder.gid = uid
+            tar.addfile(folder)
+        info = tarfile.TarInfo("/".join(relative))
+        info.size, info.mode, info.mtime = len(data), 0o644, now
+        info.uid = info.gid = uid
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()

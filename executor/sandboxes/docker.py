@@ -36,6 +36,7 @@ from executor.sandboxes.base import (
     SandboxSpec,
     Tree,
     TreeCollector,
+    one_file_archive,
 )
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
 from services.sandbox import (
@@ -295,21 +296,9 @@ class DockerSandboxBackend(SandboxBackend):
             raise SandboxError(
                 f"cannot write {dest!r}: sandbox files go under {WORKSPACE}/, e.g. {WORKSPACE}/data/a.csv"
             )
-        relative = parts[1:]
-        buffer = io.BytesIO()
-        now = int(time.time())
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            for depth in range(1, len(relative)):
-                folder = tarfile.TarInfo("/".join(relative[:depth]))
-                folder.type, folder.mode, folder.mtime = tarfile.DIRTYPE, 0o755, now
-                folder.uid = folder.gid = SANDBOX_UID
-                tar.addfile(folder)
-            info = tarfile.TarInfo("/".join(relative))
-            info.size, info.mode, info.mtime = len(data), 0o644, now
-            info.uid = info.gid = SANDBOX_UID
-            tar.addfile(info, io.BytesIO(data))
+        archive = one_file_archive(parts[1:], data, SANDBOX_UID)
         try:
-            ok = self._container(handle).put_archive(WORKSPACE, buffer.getvalue())
+            ok = self._container(handle).put_archive(WORKSPACE, archive)
         except (docker.errors.DockerException, requests.RequestException) as exc:
             raise SandboxUnavailableError(f"cannot copy {dest} into sandbox {handle.name}: {exc}") from exc
         if not ok:

@@ -42,6 +42,7 @@ from executor.sandboxes.base import (
     SandboxSpec,
     Tree,
     TreeCollector,
+    one_file_archive,
 )
 from services import k8s_client
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
@@ -288,7 +289,7 @@ class KubernetesSandboxBackend(SandboxBackend):
             raise SandboxError(
                 f"cannot write {dest!r}: sandbox files go under {WORKSPACE}/, e.g. {WORKSPACE}/data/a.csv"
             )
-        archive = _one_file_archive(parts[1:], data)
+        archive = one_file_archive(parts[1:], data, SANDBOX_UID)
         # head -c: the v4 exec protocol cannot close stdin, so tar is given exactly the archive's bytes.
         script = 'head -c "$2" | tar -x -o -f - -C "$1"'
         result = self._run(handle, ["sh", "-c", script, "sh", WORKSPACE, str(len(archive))], archive)
@@ -377,23 +378,6 @@ class KubernetesSandboxBackend(SandboxBackend):
                 k8s_client.delete_pod(self.core, name, self.namespace)
                 removed.append(name)
         return removed
-
-
-def _one_file_archive(relative: list[str], data: bytes) -> bytes:
-    """A tar of ``relative`` (its folders first), owned by the sandbox user."""
-    buffer = io.BytesIO()
-    now = int(time.time())
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for depth in range(1, len(relative)):
-            folder = tarfile.TarInfo("/".join(relative[:depth]))
-            folder.type, folder.mode, folder.mtime = tarfile.DIRTYPE, 0o755, now
-            folder.uid = folder.gid = SANDBOX_UID
-            tar.addfile(folder)
-        info = tarfile.TarInfo("/".join(relative))
-        info.size, info.mode, info.mtime = len(data), 0o644, now
-        info.uid = info.gid = SANDBOX_UID
-        tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 class _ChunkReader(io.RawIOBase):
