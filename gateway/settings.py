@@ -28,6 +28,6 @@ class GatewaySettings(ServiceSettings):
     RECONCILE_INTERVAL_S: float = Field(default=30.0, ge=0)
     """How often the reconciler queues again work a crash dropped (0: never; ``python -m gateway.reconcile``)."""
     IDEMPOTENCY_TTL_S: int = 24 * 3600
+    """How long an ``Idempotency-Key`` is remembered."""
     DASHBOARD_SESSION_TTL_S: int = Field(default=12 * 3600, ge=60, le=30 * 24 * 3600)
     """How long a dashboard sign-in lasts (its session cookie and its record in Redis)."""
-    """How long an ``Idempotency-Key`` is remembered."""

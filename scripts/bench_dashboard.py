@@ -90,7 +90,11 @@ def run(args: argparse.Namespace, folder: Path, redis_url: str) -> int:
         deep = data.submit(client, [44], "bench-deep")
         data.finish(redis, store, deep, 44, VerdictStatus.PASSED, turns=10, charts=10, judged=True)
         del client.headers["Authorization"]
-        client.post("/dashboard/login", data={"key": ADMIN_KEY, "next": "/dashboard/runs"})
+        form = client.get("/dashboard/login").text
+        found = re.search(r'name="csrf" value="([^"]+)"', form)
+        login = {"key": ADMIN_KEY, "next": "/dashboard/runs", "csrf": found.group(1) if found else ""}
+        if client.post("/dashboard/login", data=login).status_code != 303:
+            raise RuntimeError("the dashboard refused the admin key's sign-in; is PBE_ADMIN_KEY the tests' key?")
         evaluation_path = f"/dashboard/evaluations/{full['id']}"
         task_path = f"/dashboard/evaluations/{deep['id']}/tasks/44"
         CACHE.__init__()  # type: ignore[misc]  # a first view reads every trajectory from disk

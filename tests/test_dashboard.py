@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from redis import Redis
 
 from gateway.app import create_app
-from gateway.dashboard.access import COOKIE
+from gateway.dashboard.access import COOKIE, LOGIN_COOKIE
 from gateway.settings import GatewaySettings
 from services.apikeys import ApiKeyStore
 from services.state import StateStore
@@ -45,9 +45,19 @@ def api(settings: GatewaySettings) -> Iterator[TestClient]:
         yield client
 
 
+def login_form_token(client: httpx.Client) -> str:
+    """Open the sign-in form as a browser does (its cookie is kept by ``client``); returns the form's CSRF value."""
+    form = client.get("/dashboard/login")
+    assert form.status_code == 200 and LOGIN_COOKIE in form.headers["set-cookie"]
+    found = re.search(r'name="csrf" value="([^"]+)"', form.text)
+    assert found is not None
+    return found.group(1)
+
+
 def sign_in(client: httpx.Client, key: str) -> str:
-    """Sign ``client`` in with ``key``; returns the session's CSRF token read from a page."""
-    response = client.post("/dashboard/login", data={"key": key, "next": "/dashboard/runs"})
+    """Sign ``client`` in with ``key`` through the sign-in form; returns the session's CSRF token read from a page."""
+    login = {"key": key, "next": "/dashboard/runs", "csrf": login_form_token(client)}
+    response = client.post("/dashboard/login", data=login)
     assert response.status_code == 303 and response.headers["location"] == "/dashboard/runs", response.text
     page = client.get("/dashboard/runs")
     assert page.status_code == 200
@@ -61,10 +71,14 @@ def test_pages_need_a_session_and_sign_in_sets_a_safe_cookie(settings: GatewaySe
         page = browser.get("/dashboard/runs")
         assert page.status_code == 303 and page.headers["location"].startswith("/dashboard/login?next=")
         assert browser.get("/dashboard/evaluations/x/events").status_code == 401
-        refused = browser.post("/dashboard/login", data={"key": "pbe-nope", "next": "/dashboard/runs"})
+        token = login_form_token(browser)
+        refused = browser.post("/dashboard/login", data={"key": "pbe-nope", "next": "/dashboard/runs", "csrf": token})
         assert refused.status_code == 401 and "not an active API key" in refused.text
-        assert COOKIE not in refused.headers.get("set-cookie", "")
-        signed = browser.post("/dashboard/login", data={"key": ADMIN_KEY, "next": "https://evil.example/x"})
+        assert f"{COOKIE}=" not in refused.headers.get("set-cookie", "")
+        token = login_form_token(browser)
+        signed = browser.post(
+            "/dashboard/login", data={"key": ADMIN_KEY, "next": "https://evil.example/x", "csrf": token}
+        )
         assert signed.status_code == 303 and signed.headers["location"] == "/dashboard/runs"  # never off-site
         cookie = signed.headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=lax" in cookie and "Path=/dashboard" in cookie
@@ -72,6 +86,25 @@ def test_pages_need_a_session_and_sign_in_sets_a_safe_cookie(settings: GatewaySe
         runs = browser.get("/dashboard/runs")
         assert runs.status_code == 200 and "Sign out" in runs.text and ADMIN_KEY not in runs.text
         assert "script-src 'self'" in runs.headers["content-security-policy"]
+
+
+def test_sign_in_needs_this_sites_sign_in_form(settings: GatewaySettings, redis_client: Redis) -> None:
+    """Login CSRF: another site cannot sign a browser in with a key of its choosing."""
+    with _client(settings) as browser:
+        no_form = browser.post("/dashboard/login", data={"key": ADMIN_KEY, "next": "/dashboard/runs"})
+        assert no_form.status_code == 403 and "Sign-in form expired" in no_form.text
+        token = login_form_token(browser)
+        forged = browser.post("/dashboard/login", data={"key": ADMIN_KEY, "csrf": token + "x"})
+        assert forged.status_code == 403
+        elsewhere = browser.post(
+            "/dashboard/login", data={"key": ADMIN_KEY, "csrf": token}, headers={"Origin": "https://evil.example"}
+        )
+        assert elsewhere.status_code == 403
+        for refused in (no_form, forged, elsewhere):
+            assert f"{COOKIE}=" not in refused.headers.get("set-cookie", "")
+        cookie = browser.get("/dashboard/login").headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/dashboard/login" in cookie
+    assert not list(redis_client.scan_iter("pbe:dashboard:session:*"))  # no session was opened
 
 
 def test_sign_out_needs_the_token_and_ends_the_session(settings: GatewaySettings, redis_client: Redis) -> None:
@@ -198,3 +231,28 @@ def test_every_page_renders_with_its_figures(
         assert browser.get("/dashboard/static/dashboard.js").headers["content-type"].startswith("text/javascript")
         assert ".code" in browser.get("/dashboard/static/code.css").text
         assert browser.get("/dashboard/static/../pages.py").status_code == 404
+
+
+def test_file_links_work_for_any_name_and_the_tasks_inputs_are_shown(
+    settings: GatewaySettings, redis_client: Redis, store: ArtifactStore, api: TestClient
+) -> None:
+    evaluation = data.submit(api, [9, 147], "m")
+    data.finish(redis_client, store, evaluation, 9, VerdictStatus.PASSED)
+    store.put_output_file(evaluation["id"], 9, 1, "odd #1?.csv", b"a,b\n1,2\n")
+    with _client(settings) as browser:
+        sign_in(browser, ADMIN_KEY)
+        base = f"/dashboard/evaluations/{evaluation['id']}/tasks"
+        page = browser.get(f"{base}/9").text
+        link = f"{base}/9/files/odd%20%231%3F.csv?attempt=1"
+        assert f'href="{link}"' in page
+        assert browser.get(link).content == b"a,b\n1,2\n"
+        assert browser.get(f"{base}/9/suite/data/tv.xlsx").headers["content-disposition"].startswith("attachment")
+        # The task's Excel input as a table: the first row of the suite's own tv.xlsx, read by our reader.
+        inputs = page[page.index("The task's inputs") :]
+        assert "<th>super_bowl</th>" in inputs and "<th>network</th>" in inputs
+        audio = browser.get(f"{base}/147").text
+        mp3 = f"{base}/147/suite/data/Ghostrifter%20Official%20-%20Serenity.mp3"
+        assert f'<audio controls preload="none" src="{mp3}">' in audio
+        served = browser.get(mp3)
+        assert served.status_code == 200 and served.headers["content-type"] == "audio/mpeg"
+        assert served.headers["content-disposition"].startswith("inline")

@@ -8,6 +8,7 @@ Errors of the dashboard are pages, not problem documents::
 """
 
 import hmac
+import secrets
 from typing import Annotated
 from urllib.parse import parse_qs, quote
 
@@ -24,6 +25,13 @@ from services.state import EvaluationNotFoundError
 
 COOKIE = "pbe_dashboard"
 """The session cookie's name (HttpOnly, SameSite=Lax, path ``/dashboard``)."""
+
+LOGIN_COOKIE = "pbe_dashboard_login"
+"""The sign-in form's CSRF cookie (HttpOnly, SameSite=Strict, path ``/dashboard/login``): the form must send back
+the same random value, so another site cannot sign a browser in with the other site's key."""
+
+LOGIN_TOKEN_TTL_S = 3600
+"""How long a sign-in form may stay open before it must be reloaded."""
 
 MAX_FORM_BYTES = 16 * 1024
 """The largest form body the dashboard reads (a sign-in, a button)."""
@@ -142,6 +150,28 @@ def check_csrf(request: Request, session: Session, form: dict[str, str]) -> None
     check_same_origin(request)
     if not session.csrf or not hmac.compare_digest(form.get("csrf", ""), session.csrf):
         raise PageError(403, "Form expired", "This form's token does not match your session; reload the page.")
+
+
+def new_login_token() -> str:
+    """A random value for the sign-in form and its cookie (``LOGIN_COOKIE``)."""
+    return secrets.token_urlsafe(24)
+
+
+def check_login_token(request: Request, form: dict[str, str]) -> None:
+    """A sign-in must come from this site's sign-in form: its ``csrf`` field equals the form's cookie.
+
+    Raises:
+        PageError: 403 when the form came from elsewhere or its cookie is gone (expired, or cookies are off).
+    """
+    check_same_origin(request)
+    expected = request.cookies.get(LOGIN_COOKIE, "")
+    if not expected or not hmac.compare_digest(form.get("csrf", ""), expected):
+        raise PageError(
+            403,
+            "Sign-in form expired",
+            "This sign-in was not sent from this dashboard's current sign-in form (or cookies are off): "
+            "open the sign-in page again and allow cookies for this site.",
+        )
 
 
 def install_error_pages(app: FastAPI) -> None:

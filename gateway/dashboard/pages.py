@@ -17,13 +17,16 @@ from gateway import events
 from gateway.dashboard import views
 from gateway.dashboard.access import (
     COOKIE,
+    LOGIN_COOKIE,
+    LOGIN_TOKEN_TTL_S,
     PageError,
     PageSession,
     ResourceSession,
     Sessions,
     check_csrf,
-    check_same_origin,
+    check_login_token,
     install_error_pages,
+    new_login_token,
     read_form,
     visible_evaluation,
 )
@@ -57,24 +60,41 @@ def home() -> RedirectResponse:
     return RedirectResponse(f"{BASE}/runs", status_code=303)
 
 
+def _login_page(request: Request, target: str, problem: str, status_code: int = 200) -> HTMLResponse:
+    """The sign-in form with a fresh CSRF value, set in its cookie too."""
+    request.state.dashboard_session = None
+    token = new_login_token()
+    context = {"next": target, "problem": problem, "login_csrf": token}
+    response = render(request, "login.html", context, status_code=status_code)
+    response.set_cookie(
+        LOGIN_COOKIE,
+        token,
+        max_age=LOGIN_TOKEN_TTL_S,
+        path=f"{BASE}/login",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
+    return response
+
+
 @router.get("/login")
 def login_form(request: Request, next: str | None = None) -> HTMLResponse:  # noqa: A002 - the query's name
-    request.state.dashboard_session = None
-    return render(request, "login.html", {"next": _safe_next(next), "problem": ""})
+    return _login_page(request, _safe_next(next), "")
 
 
 @router.post("/login")
 async def login(request: Request, sessions: Sessions) -> Response:
-    check_same_origin(request)
     form = await read_form(request)
+    check_login_token(request, form)
     target = _safe_next(form.get("next"))
     opened = sessions.open(form.get("key", "")) if form.get("key", "").strip() else None
     if opened is None:
-        request.state.dashboard_session = None
         problem = "That key is not an active API key of this service. Ask the operator for one."
-        return render(request, "login.html", {"next": target, "problem": problem}, status_code=401)
+        return _login_page(request, target, problem, status_code=401)
     token, _ = opened
     response = RedirectResponse(target, status_code=303)
+    response.delete_cookie(LOGIN_COOKIE, path=f"{BASE}/login")
     response.set_cookie(
         COOKIE,
         token,

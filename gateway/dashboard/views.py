@@ -5,6 +5,7 @@ before them)."""
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import quote
 
 from markupsafe import Markup
 
@@ -250,7 +251,7 @@ def task_page(
     for name in store.list_output_files(evaluation.id, task_index, chosen):
         relative = name.removeprefix("./output/")
         path = None if name.endswith("/") else output_path(store, evaluation.id, task_index, chosen, name)
-        url = f"{base_url}/files/{relative}?attempt={chosen}"
+        url = f"{base_url}/files/{quote(relative)}?attempt={chosen}"  # a produced name may hold '#', '?' or '%'
         files.append(_shown(relative, path, url, "output"))
     task = suite.tasks.get(task_index)
     suite_files = []
@@ -258,7 +259,8 @@ def task_page(
         for role, names in (("input", [i.path for i in task.inputs]), ("reference", reference_names(task))):
             for name in names:
                 path = suite_path(suite, task, name)
-                suite_files.append(_shown(name, path, f"{base_url}/suite/{name.removeprefix('./')}", role))
+                url = f"{base_url}/suite/{quote(name.removeprefix('./'))}"
+                suite_files.append(_shown(name, path, url, role))
     return TaskPage(
         evaluation=evaluation,
         task_index=task_index,
