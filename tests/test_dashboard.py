@@ -215,6 +215,7 @@ def test_every_page_renders_with_its_figures(
         page = browser.get(f"/dashboard/evaluations/{strong['id']}").text
         assert "<svg" in page and "Pass rates of strong" in page and "100.0%" in page
         assert "Judge versus tests" in page and "$0.0099" in page  # 9000 prompt + 450 completion tokens
+        assert "3\u2009150 per task on average" in page  # each verdict's 3000 prompt + 150 completion tokens
         filtered = browser.get(f"/dashboard/evaluations/{weak['id']}?verdict=failed").text
         assert "2 of 3" in filtered
         task = browser.get(f"/dashboard/evaluations/{strong['id']}/tasks/7").text

@@ -101,6 +101,8 @@ def _until(driver: Any, condition: Callable[[Any], Any], timeout_s: float = 15) 
 
 
 def test_sign_in_keeps_the_key_out_of_the_browser(browser: Any, gateway: str) -> None:
+    browser.get(f"{gateway}/dashboard/login")
+    _shot(browser, "login")
     _sign_in(browser, gateway, ADMIN_KEY)
     (cookie,) = browser.get_cookies()
     assert cookie["httpOnly"] is True and cookie["sameSite"] == "Lax" and ADMIN_KEY not in cookie["value"]
@@ -160,6 +162,26 @@ def test_a_task_page_shows_the_chart_and_the_produced_files(
     assert _errors(browser) == []
 
 
+def test_a_tasks_inputs_show_excel_as_a_table_and_audio_plays(
+    browser: Any, gateway: str, api: httpx.Client, redis_client: Redis, store: ArtifactStore
+) -> None:
+    evaluation = data.submit(api, [9, 147], "m")
+    _sign_in(browser, gateway, ADMIN_KEY, then=f"/dashboard/evaluations/{evaluation['id']}/tasks/9")
+    header = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "figure.file.table.input thead th")]
+    assert header[:3] == ["super_bowl", "network", "avg_us_viewers"]  # tv.xlsx (and tv.csv, the same columns)
+    _shot(browser, "task-inputs")
+    browser.get(f"{gateway}/dashboard/evaluations/{evaluation['id']}/tasks/147")
+    players = browser.find_elements(By.CSS_SELECTOR, "figure.file.audio.input audio")
+    assert len(players) == 2  # Serenity.mp3 and Haze.wav
+    for player in players:
+        browser.execute_script("arguments[0].preload = 'metadata'; arguments[0].load()", player)
+        _until(browser, lambda d, p=player: d.execute_script("return arguments[0].readyState", p) >= 1)
+        assert browser.execute_script("return arguments[0].duration", player) > 1  # decoded: seconds of music
+        assert browser.execute_script("return arguments[0].error", player) is None
+    _shot(browser, "task-audio")
+    assert _errors(browser) == []
+
+
 def test_compare_two_evaluations_task_by_task(
     browser: Any, gateway: str, api: httpx.Client, redis_client: Redis, store: ArtifactStore
 ) -> None:
@@ -215,6 +237,8 @@ def test_every_page_reads_with_javascript_off(
         _until(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "table.tasks"))
         progress = driver.find_element(By.CSS_SELECTOR, ".summary [data-field=done]").text
         assert progress == "1"  # as of loading; a reload shows newer
+        assert driver.find_element(By.LINK_TEXT, "Reload").is_displayed()  # a link in place of the live updates
+        _shot(driver, "evaluation-no-javascript")
         driver.find_element(By.LINK_TEXT, "7").click()
         _until(driver, lambda d: "Task 7" in d.find_element(By.TAG_NAME, "h1").text)
         assert driver.find_elements(By.CSS_SELECTOR, "img.chart-output")

@@ -139,6 +139,13 @@ def rate_chart(metrics: Metrics, title: str) -> Markup:
     return grouped_bars(groups, series, title=title)
 
 
+def _tokens_per_task(verdicts: list[Verdict]) -> float:
+    """The mean tokens (prompt + completion) of the graded tasks whose endpoint reported any, as the evaluation's
+    token totals count them; 0 when none did."""
+    reported = [(v.prompt_tokens or 0) + (v.completion_tokens or 0) for v in verdicts if v.prompt_tokens is not None]
+    return sum(reported) / len(reported) if reported else 0.0
+
+
 def evaluation_page(
     state: StateStore, store: ArtifactStore, suite: Suite, evaluation: Evaluation, filters: dict[str, str]
 ) -> EvaluationPage:
@@ -159,6 +166,7 @@ def evaluation_page(
     summaries = [r.summary for r in rows if r.summary is not None]
     totals = {
         "tokens": float(sum(s.tokens for s in summaries)),
+        "tokens_per_task": _tokens_per_task(verdicts),
         "wall_s": sum(s.wall_s for s in summaries) / len(summaries) if summaries else 0.0,
         "turns": sum(s.turns for s in summaries) / len(summaries) if summaries else 0.0,
         "cells": float(sum(s.cells for s in summaries)),
