@@ -135,7 +135,7 @@ def test_an_evaluation_page_moves_while_its_tasks_are_graded(
     # The runs list follows running evaluations the same way.
     running = data.submit(api, [7], "second-model")
     browser.get(f"{gateway}/dashboard/runs")
-    row = f"tr[data-events$='{running['id']}/events']"
+    row = f"tr[data-evaluation='{running['id']}']"
     assert browser.find_element(By.CSS_SELECTOR, f"{row} [data-field=done]").text == "0"
     data.finish(redis_client, store, running, 7, VerdictStatus.FAILED)
     _until(browser, lambda d: d.find_element(By.CSS_SELECTOR, f"{row} [data-field=done]").text == "1")

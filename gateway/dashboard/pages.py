@@ -8,13 +8,12 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response, StreamingResponse
 
-from gateway import events
-from gateway.dashboard import views
+from gateway.dashboard import live, views
 from gateway.dashboard.access import (
     COOKIE,
     LOGIN_COOKIE,
@@ -137,8 +136,11 @@ def runs(
 ) -> HTMLResponse:
     owner = None if session.key.admin else session.key.id
     rows = views.run_rows(state, owner, model=model, status=status, since=_since(since))
+    running = [r.evaluation.id for r in rows if r.status in (EvaluationStatus.QUEUED, EvaluationStatus.RUNNING)]
+    followed = running[: live.MAX_FOLLOWED]
     context = {
         "rows": rows,
+        "events": f"{BASE}/runs/events?{urlencode([('ids', i) for i in followed])}" if followed else "",
         "filters": {"model": model, "status": status, "since": since},
         "statuses": [s.value for s in EvaluationStatus],
     }
@@ -168,13 +170,33 @@ def evaluation(
     return render(request, "evaluation.html", context)
 
 
+def _event_stream(state: StateDep, evaluation_ids: list[str], *, verdicts: bool) -> StreamingResponse:
+    return StreamingResponse(
+        live.follow(state, evaluation_ids, verdicts=verdicts),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
 @router.get("/evaluations/{evaluation_id}/events")
 def evaluation_events(evaluation_id: str, session: ResourceSession, state: StateDep) -> StreamingResponse:
-    """The REST API's server-sent progress (``progress``, ``verdict``, ``end``), for the pages' script."""
+    """The evaluation's live progress and verdicts for the page's script (``live``)."""
     found = visible_evaluation(state, session, evaluation_id)
-    return StreamingResponse(
-        events.stream(state, found.id), media_type="text/event-stream", headers={"Cache-Control": "no-store"}
-    )
+    return _event_stream(state, [found.id], verdicts=True)
+
+
+@router.get("/runs/events")
+def runs_events(
+    session: ResourceSession,
+    state: StateDep,
+    ids: Annotated[list[str] | None, Query(max_length=live.MAX_FOLLOWED)] = None,
+) -> StreamingResponse:
+    """The live progress of the runs list's running evaluations, in one stream (``live``)."""
+    chosen = [i for i in dict.fromkeys(ids or []) if i]
+    if not chosen:
+        raise PageError(422, "Nothing to follow", "Name the evaluations to follow: ?ids=<id>&ids=<id>.")
+    found = [visible_evaluation(state, session, evaluation_id).id for evaluation_id in chosen]
+    return _event_stream(state, found, verdicts=False)
 
 
 async def _owned_for_change(request: Request, session: PageSession, state: StateDep, evaluation_id: str) -> str:

@@ -1,6 +1,7 @@
-// Live progress for the runs list and an evaluation page: each element with data-events follows the evaluation's
-// server-sent events and updates its status, its progress bar and its finished count. Without JavaScript the
-// pages show the same figures as of their loading (reload for newer ones).
+// Live progress for the runs list and an evaluation page: each element with data-events follows one stream of
+// server-sent events and updates the status, the progress bar and the finished count of the evaluation each event
+// names (the runs list's row with that data-evaluation, else the element itself). Without JavaScript the pages
+// show the same figures as of their loading, with a link to reload.
 "use strict";
 
 function follow(element) {
@@ -8,11 +9,16 @@ function follow(element) {
   if (!url || typeof EventSource === "undefined") {
     return;
   }
-  const field = (name) => element.querySelector('[data-field="' + name + '"]');
   const source = new EventSource(url);
   let verdicts = 0;
   source.addEventListener("progress", (event) => {
     const progress = JSON.parse(event.data);
+    let scope = element;
+    if (progress.evaluation_id) {
+      const row = element.querySelector('[data-evaluation="' + CSS.escape(progress.evaluation_id) + '"]');
+      scope = row || element;
+    }
+    const field = (name) => scope.querySelector('[data-field="' + name + '"]');
     const counts = progress.counts || {};
     const done = ["done", "unavailable", "cancelled"].reduce((sum, state) => sum + (counts[state] || 0), 0);
     const bar = field("progress");
@@ -35,8 +41,8 @@ function follow(element) {
   });
   source.addEventListener("verdict", () => {
     verdicts += 1;
-    const live = field("live");
-    const graded = field("graded");
+    const live = element.querySelector('[data-field="live"]');
+    const graded = element.querySelector('[data-field="graded"]');
     if (live && graded) {
       live.hidden = false;
       graded.textContent = String(verdicts);
