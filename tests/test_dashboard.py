@@ -257,3 +257,19 @@ def test_file_links_work_for_any_name_and_the_tasks_inputs_are_shown(
         served = browser.get(mp3)
         assert served.status_code == 200 and served.headers["content-type"] == "audio/mpeg"
         assert served.headers["content-disposition"].startswith("inline")
+
+
+def test_bad_and_unknown_addresses_are_pages(settings: GatewaySettings, api: TestClient) -> None:
+    evaluation = data.submit(api, [7], "m")
+    with _client(settings) as browser:
+        sign_in(browser, ADMIN_KEY)
+        bad = browser.get(f"/dashboard/evaluations/{evaluation['id']}/tasks/seven")
+        assert bad.status_code == 422 and bad.headers["content-type"].startswith("text/html")
+        assert "Bad address" in bad.text and "task_index" in bad.text and "Sign out" in bad.text
+        assert browser.get(f"/dashboard/evaluations/{evaluation['id']}/tasks/7?attempt=0").status_code == 422
+        unknown = browser.get("/dashboard/no/such/page")
+        assert unknown.status_code == 404 and "Page not found" in unknown.text and "Sign out" in unknown.text
+        assert "script-src 'self'" in unknown.headers["content-security-policy"]
+        assert browser.get(f"/dashboard/evaluations/{evaluation['id']}").status_code == 200  # still routed
+        assert browser.get("/dashboard/static/dashboard.css").status_code == 200
+        assert api.get("/v1/evaluations/nope").headers["content-type"] == "application/problem+json"  # API unchanged

@@ -9,11 +9,14 @@ Errors of the dashboard are pages, not problem documents::
 
 import hmac
 import secrets
-from typing import Annotated
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
 from urllib.parse import parse_qs, quote
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.routing import APIRoute
 
 from gateway.dashboard.rendering import BASE, render
 from gateway.dashboard.sessions import Session, SessionStore
@@ -172,6 +175,26 @@ def check_login_token(request: Request, form: dict[str, str]) -> None:
             "This sign-in was not sent from this dashboard's current sign-in form (or cookies are off): "
             "open the sign-in page again and allow cookies for this site.",
         )
+
+
+class PageRoute(APIRoute):
+    """A dashboard route whose malformed request (a task number that is not a number, a value past its limit) is
+    answered with a page saying so, not with the REST API's problem document."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def page_handler(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                fields = ", ".join(".".join(str(p) for p in error.get("loc", ())[1:]) for error in exc.errors())
+                detail = f"This address has a value the dashboard cannot read ({fields or 'the request'}). "
+                detail += "Follow the dashboard's own links instead."
+                context = {"title": "Bad address", "detail": detail}
+                return render(request, "error.html", context, status_code=422)
+
+        return page_handler
 
 
 def install_error_pages(app: FastAPI) -> None:

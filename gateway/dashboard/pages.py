@@ -19,6 +19,7 @@ from gateway.dashboard.access import (
     LOGIN_COOKIE,
     LOGIN_TOKEN_TTL_S,
     PageError,
+    PageRoute,
     PageSession,
     ResourceSession,
     Sessions,
@@ -41,7 +42,7 @@ from services.verdict import VerdictStatus
 STATIC = Path(__file__).resolve().parent / "static"
 STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
 
-router = APIRouter(prefix=BASE, include_in_schema=False)
+router = APIRouter(prefix=BASE, include_in_schema=False, route_class=PageRoute)
 
 
 def _safe_next(target: str | None) -> str:
@@ -372,6 +373,14 @@ def static(name: str) -> Response:
     if not path.is_relative_to(STATIC) or not path.is_file() or path.suffix not in STATIC_TYPES:
         return Response("not found", status_code=404, media_type="text/plain")
     return FileResponse(path, media_type=STATIC_TYPES[path.suffix], headers={"Cache-Control": "max-age=3600"})
+
+
+@router.get("/{unknown:path}")
+def not_found(request: Request, sessions: Sessions, unknown: str) -> HTMLResponse:
+    """Any other address under the dashboard: a page that says so (registered last, so it matches only what no
+    other route does)."""
+    request.state.dashboard_session = sessions.resolve(request.cookies.get(COOKIE))
+    raise PageError(404, "Page not found", f"The dashboard has no page {BASE}/{unknown}.")
 
 
 def install_dashboard(app: FastAPI) -> None:

@@ -17,7 +17,7 @@ from gateway.dashboard.summaries import CACHE, TaskSummary
 from services.errors import ArtifactNotFoundError, StoreError
 from services.evaluation import Evaluation, EvaluationStatus, Progress, TaskState
 from services.metrics import build_results
-from services.state import StateStore
+from services.state import EvaluationNotFoundError, StateStore
 from services.store import ArtifactStore
 from services.suite import Suite
 from services.task import PAPER_CATEGORIES
@@ -62,7 +62,7 @@ def run_rows(
             break
         try:
             evaluation = state.get(evaluation_id)
-        except Exception:  # an evaluation whose record is gone from Redis: nothing to show
+        except EvaluationNotFoundError:  # its record is gone from Redis (expired, or flushed): nothing to show
             continue
         if model and model.lower() not in evaluation.model.model.lower():
             continue
