@@ -50,13 +50,14 @@ def test_every_suite_workbook_previews_as_a_table_within_its_limits(suite_path: 
         assert any(cell.strip() for cell in shown.rows[0]), path.name  # a header row with text
 
 
-def _workbook(sheet: bytes, *, strings: bytes | None = None) -> bytes:
-    """A minimal .xlsx: a worksheet at the default place (no workbook.xml), optional shared strings."""
+def _workbook(sheet: bytes, **members: bytes) -> bytes:
+    """A minimal .xlsx: a worksheet at the default place, and ``members`` (``strings``: xl/sharedStrings.xml,
+    ``styles``: xl/styles.xml, ``workbook``: xl/workbook.xml without relations, so the default sheet is read)."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("xl/worksheets/sheet1.xml", sheet)
-        if strings is not None:
-            archive.writestr("xl/sharedStrings.xml", strings)
+        for name, content in members.items():
+            archive.writestr({"strings": "xl/sharedStrings.xml"}.get(name, f"xl/{name}.xml"), content)
     return buffer.getvalue()
 
 
@@ -74,6 +75,37 @@ def test_cells_by_reference_shared_strings_booleans_and_column_cuts() -> None:
     rows, cut = read_first_sheet(_workbook(sheet, strings=strings), max_rows=10, max_columns=4)
     assert rows == [["month", "", "<b>"], ["TRUE", "2.5"]]  # E2 is past 4 columns
     assert cut
+
+
+def test_dates_show_as_dates_in_the_suites_workbooks(suite_path: Path) -> None:
+    data = suite_path / "data"
+    adidas, _ = read_first_sheet((data / "AdidasSalesdata.xlsx").read_bytes(), max_rows=2, max_columns=4)
+    assert adidas[0][2] == "Invoice Date" and adidas[1][2] == "2021-10-26"  # stored as 44495.0, "dddd, mmmm d, yyyy"
+    assert adidas[1][1] == "1185732.0"  # a plain number stays a number
+    weather, _ = read_first_sheet((data / "Farm_Weather_Data.xlsx").read_bytes(), max_rows=2, max_columns=2)
+    assert weather[0][0] == "Date" and weather[1][0] == "2006-01-08"
+
+
+def test_date_times_times_and_the_1904_date_system() -> None:
+    styles = (
+        b"<styleSheet " + NS + b'><numFmts count="1"><numFmt numFmtId="164" formatCode="yyyy-mm-dd hh:mm"/>'
+        b'</numFmts><cellXfs count="4"><xf numFmtId="0"/><xf numFmtId="164"/><xf numFmtId="21"/>'
+        b'<xf numFmtId="165"/></cellXfs></styleSheet>'
+    )
+    sheet = (
+        b"<worksheet " + NS + b'><sheetData><row r="1">'
+        b'<c r="A1" s="1"><v>44495.75</v></c><c r="B1" s="2"><v>0.5</v></c><c r="C1" s="0"><v>44495</v></c>'
+        b'<c r="D1" s="1"><v>-3</v></c><c r="E1" s="1" t="s"><v>0</v></c>'
+        b"</row></sheetData></worksheet>"
+    )
+    strings = b"<sst " + NS + b"><si><t>text</t></si></sst>"
+    rows, _ = read_first_sheet(_workbook(sheet, styles=styles, strings=strings), max_rows=5, max_columns=9)
+    assert rows == [["2021-10-26 18:00:00", "12:00:00", "44495", "-3", "text"]]
+    in_1904 = b"<workbook " + NS + b'><workbookPr date1904="1"/></workbook>'
+    rows, _ = read_first_sheet(
+        _workbook(sheet, styles=styles, strings=strings, workbook=in_1904), max_rows=5, max_columns=1
+    )
+    assert rows == [["2025-10-27 18:00:00"]]  # the same serial from 1904-01-01: 1462 days later
 
 
 def test_hostile_workbooks_are_refused_not_expanded() -> None:

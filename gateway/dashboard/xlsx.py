@@ -2,11 +2,13 @@
 
 Workbooks here are model output: the reader is bounded (members read up to ``MAX_MEMBER_BYTES`` uncompressed,
 rows and columns cut at the caller's limits), reads only the shared strings and the first worksheet, and never
-evaluates formulas (a formula cell shows its cached value). Legacy ``.xls`` files are not read (download them).
+evaluates formulas (a formula cell shows its cached value). A number whose cell style is a date or time format is
+shown as an ISO date (and time). Legacy ``.xls`` files are not read (download them).
 """
 
 import re
 import zipfile
+from datetime import datetime, timedelta
 from io import BytesIO
 from pathlib import PurePosixPath
 from xml.etree import ElementTree
@@ -17,6 +19,16 @@ MAX_MEMBER_BYTES = 20 * 1024 * 1024
 _NS = "{http://schemas.openxmlformats.org/spreadsheetml/2006/main}"
 _REL_NS = "{http://schemas.openxmlformats.org/officeDocument/2006/relationships}"
 _CELL_REF = re.compile(r"^([A-Z]{1,3})([0-9]+)$")
+
+_DATE_FORMAT_IDS = frozenset((*range(14, 23), 45, 46, 47))
+"""Excel's built-in number formats that show a date or a time."""
+
+_FORMAT_NOISE = re.compile(r'"[^"]*"|\\.|\[[^\]]*\]|_.|\*.')
+"""Quoted text, escaped characters, bracketed colours and conditions, padding: parts of a format that never make it a
+date format."""
+
+_MAX_SERIAL = 2_958_465
+"""The serial number of 9999-12-31, Excel's last date."""
 
 
 class WorkbookError(ValueError):
@@ -59,6 +71,53 @@ def _first_sheet(archive: zipfile.ZipFile) -> str:
     return "xl/worksheets/sheet1.xml"
 
 
+def _is_date_format(code: str) -> bool:
+    return any(letter in "dmyhs" for letter in _FORMAT_NOISE.sub("", code).lower())
+
+
+def _date_styles(archive: zipfile.ZipFile) -> frozenset[int]:
+    """The cell style indices (a cell's ``s``) whose number format shows a date or a time."""
+    data = _member(archive, "xl/styles.xml")
+    if data is None:
+        return frozenset()
+    styles = _parse(data)
+    custom = {
+        fmt.get("numFmtId", ""): _is_date_format(fmt.get("formatCode", "")) for fmt in styles.iter(f"{_NS}numFmt")
+    }
+    cell_formats = styles.find(f"{_NS}cellXfs")
+    found = set()
+    for index, xf in enumerate(cell_formats if cell_formats is not None else []):
+        number_format = xf.get("numFmtId", "0")
+        built_in = number_format.isdigit() and int(number_format) in _DATE_FORMAT_IDS
+        if built_in or custom.get(number_format, False):
+            found.add(index)
+    return frozenset(found)
+
+
+def _uses_1904(archive: zipfile.ZipFile) -> bool:
+    data = _member(archive, "xl/workbook.xml")
+    properties = _parse(data).find(f"{_NS}workbookPr") if data is not None else None
+    return properties is not None and properties.get("date1904", "").lower() in ("1", "true")
+
+
+def _date_text(raw: str, date1904: bool) -> str:
+    """A serial date number as ISO text (a date, a date and time, or a time below one day); ``raw`` unchanged when
+    it is not a number Excel could show as a date."""
+    try:
+        serial = float(raw)
+    except ValueError:
+        return raw
+    if not 0 <= serial <= _MAX_SERIAL:
+        return raw
+    epoch = datetime(1904, 1, 1) if date1904 else datetime(1899, 12, 30)
+    moment = epoch + timedelta(seconds=round(serial * 86400))
+    if serial < 1:
+        return moment.strftime("%H:%M:%S")
+    if moment.hour == moment.minute == moment.second == 0:
+        return moment.date().isoformat()
+    return moment.isoformat(sep=" ")
+
+
 def _column(letters: str) -> int:
     number = 0
     for letter in letters:
@@ -73,7 +132,7 @@ def _shared_strings(archive: zipfile.ZipFile) -> list[str]:
     return ["".join(t.text or "" for t in item.iter(f"{_NS}t")) for item in _parse(data).iter(f"{_NS}si")]
 
 
-def _value(cell: ElementTree.Element, strings: list[str]) -> str:
+def _value(cell: ElementTree.Element, strings: list[str], dates: frozenset[int], date1904: bool) -> str:
     kind = cell.get("t", "n")
     if kind == "inlineStr":
         return "".join(t.text or "" for t in cell.iter(f"{_NS}t"))
@@ -85,6 +144,9 @@ def _value(cell: ElementTree.Element, strings: list[str]) -> str:
             return raw
     if kind == "b":
         return "TRUE" if raw == "1" else "FALSE"
+    style = cell.get("s", "0")
+    if kind == "n" and raw and style.isdigit() and int(style) in dates:
+        return _date_text(raw, date1904)
     return raw
 
 
@@ -101,6 +163,7 @@ def read_first_sheet(data: bytes, *, max_rows: int, max_columns: int) -> tuple[l
         raise WorkbookError(f"not an .xlsx workbook: {exc}") from exc
     with archive:
         strings = _shared_strings(archive)
+        dates, date1904 = _date_styles(archive), _uses_1904(archive)
         sheet = _member(archive, _first_sheet(archive))
         if sheet is None:
             raise WorkbookError("the workbook has no worksheet")
@@ -118,6 +181,6 @@ def read_first_sheet(data: bytes, *, max_rows: int, max_columns: int) -> tuple[l
                     cut = True
                     continue
                 values.extend([""] * (column - len(values)))
-                values.append(_value(cell, strings))
+                values.append(_value(cell, strings, dates, date1904))
             rows.append(values)
     return rows, cut
