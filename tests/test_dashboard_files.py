@@ -95,12 +95,15 @@ def test_date_times_times_and_the_1904_date_system() -> None:
     sheet = (
         b"<worksheet " + NS + b'><sheetData><row r="1">'
         b'<c r="A1" s="1"><v>44495.75</v></c><c r="B1" s="2"><v>0.5</v></c><c r="C1" s="0"><v>44495</v></c>'
-        b'<c r="D1" s="1"><v>-3</v></c><c r="E1" s="1" t="s"><v>0</v></c>'
+        b'<c r="D1" s="1"><v>-3</v></c><c r="E1" s="1" t="s"><v>0</v></c><c r="F1" s="1"><v>1</v></c>'
+        b'<c r="G1" s="1"><v>60</v></c><c r="H1" s="1"><v>61</v></c>'
         b"</row></sheetData></worksheet>"
     )
     strings = b"<sst " + NS + b"><si><t>text</t></si></sst>"
     rows, _ = read_first_sheet(_workbook(sheet, styles=styles, strings=strings), max_rows=5, max_columns=9)
-    assert rows == [["2021-10-26 18:00:00", "12:00:00", "44495", "-3", "text"]]
+    # Serial 1 is 1 January 1900 and 61 is 1 March; 60, Excel's 29 February 1900 that never was, shows as 1 March.
+    dates = ["1900-01-01", "1900-03-01", "1900-03-01"]
+    assert rows == [["2021-10-26 18:00:00", "12:00:00", "44495", "-3", "text", *dates]]
     in_1904 = b"<workbook " + NS + b'><workbookPr date1904="1"/></workbook>'
     rows, _ = read_first_sheet(
         _workbook(sheet, styles=styles, strings=strings, workbook=in_1904), max_rows=5, max_columns=1

@@ -27,6 +27,9 @@ _FORMAT_NOISE = re.compile(r'"[^"]*"|\\.|\[[^\]]*\]|_.|\*.')
 """Quoted text, escaped characters, bracketed colours and conditions, padding: parts of a format that never make it a
 date format."""
 
+_EPOCH_1900, _EPOCH_1900_EARLY, _EPOCH_1904 = datetime(1899, 12, 30), datetime(1899, 12, 31), datetime(1904, 1, 1)
+"""Day 0 of Excel's two date systems (the 1900 one before and after its phantom 29 February)."""
+
 _MAX_SERIAL = 2_958_465
 """The serial number of 9999-12-31, Excel's last date."""
 
@@ -109,7 +112,8 @@ def _date_text(raw: str, date1904: bool) -> str:
         return raw
     if not 0 <= serial <= _MAX_SERIAL:
         return raw
-    epoch = datetime(1904, 1, 1) if date1904 else datetime(1899, 12, 30)
+    # Excel's 1900 system counts a 29 February 1900 that never was: serials below 61 start a day later.
+    epoch = _EPOCH_1904 if date1904 else (_EPOCH_1900_EARLY if serial < 61 else _EPOCH_1900)
     moment = epoch + timedelta(seconds=round(serial * 86400))
     if serial < 1:
         return moment.strftime("%H:%M:%S")
