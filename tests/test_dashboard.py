@@ -252,6 +252,7 @@ def test_file_links_work_for_any_name_and_the_tasks_inputs_are_shown(
         inputs = page[page.index("The task's inputs") :]
         assert "<th>super_bowl</th>" in inputs and "<th>network</th>" in inputs
         audio = browser.get(f"{base}/147").text
+        assert "No trajectory for this attempt yet." in audio and "save the file to ./output/147.mp3" in audio
         mp3 = f"{base}/147/suite/data/Ghostrifter%20Official%20-%20Serenity.mp3"
         assert f'<audio controls preload="none" src="{mp3}">' in audio
         served = browser.get(mp3)

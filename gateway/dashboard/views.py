@@ -220,6 +220,8 @@ class TaskPage:
     verdict: Verdict | None
     files: list[ShownFile]
     suite_files: list[ShownFile]
+    query: str = ""
+    """The task's query as the suite words it (shown while there is no trajectory yet)."""
 
 
 def _shown(name: str, path: Path | None, url: str, role: str) -> ShownFile:
@@ -280,6 +282,7 @@ def task_page(
         verdict=verdict,
         files=files,
         suite_files=suite_files,
+        query=task.query if task is not None else "",
     )
 
 
