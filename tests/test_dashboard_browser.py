@@ -151,9 +151,10 @@ def test_a_task_page_shows_the_chart_and_the_produced_files(
     _sign_in(browser, gateway, ADMIN_KEY, then=f"/dashboard/evaluations/{evaluation['id']}/tasks/7")
     charts = browser.find_elements(By.CSS_SELECTOR, "img.chart-output")
     assert len(charts) == 2
-    assert all(browser.execute_script("return arguments[0].naturalWidth", img) == 120 for img in charts)
+    _until(browser, lambda d: all(d.execute_script("return arguments[0].naturalWidth", i) == 120 for i in charts))
     produced = browser.find_element(By.CSS_SELECTOR, "figure.file.image.output img")
-    assert browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth", produced) == 120
+    loaded = "return arguments[0].complete && arguments[0].naturalWidth"
+    _until(browser, lambda d: d.execute_script(loaded, produced) == 120)  # served from the store (loading=lazy)
     cells = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "figure.file.table.output td")]
     assert cells == ["Jan", "10", "Feb", "<b>12</b>"]  # the CSV as a table, its markup as text
     assert "The chart answers the query." in browser.find_element(By.CSS_SELECTOR, ".judge").text
