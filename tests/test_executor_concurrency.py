@@ -88,7 +88,9 @@ def test_one_worker_runs_sessions_at_once_up_to_each_evaluations_max_concurrency
             worker.wait(timeout=60)
     # eight slots, two evaluations of at most three: the endpoint saw more than one session at once (one
     # process, many sessions) and never more than the two windows together
-    assert 3 <= load["peak_in_flight"] <= 6, load
+    # Sessions overlap (more than one call at once) and never pass the two evaluations' limits (3 + 3). How many
+    # overlap at the peak depends on how the sandbox starts fall on a loaded machine: 2 was seen in CI, 3-6 alone.
+    assert 2 <= load["peak_in_flight"] <= 6, load
     assert finished_at["conc2"] < finished_at["conc1"], "the later evaluation waited for all of the earlier one"
     store = ArtifactStore(tmp_path / "artifacts")
     for index in TASKS:
