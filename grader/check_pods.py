@@ -17,26 +17,27 @@ One difference from the Docker path: exec runs as the pod's user, so the copied 
 checks run as (on Docker they belong to root); a check can change them, within the pod's own size cap.
 """
 
-import io
 import json
 import secrets
-import tarfile
 import time
-from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from grader import file_checks
 from grader.check_sandbox import (
+    CHECKER_ENVIRONMENT,
     DEFAULT_CPUS,
     DEFAULT_MEMORY_MB,
     DEFAULT_TIMEOUT_S,
     DEFAULT_TMP_MB,
+    GRADING_LABELS,
+    MOUNT,
     SANDBOX_PYTHON,
+    WORKSPACE_ROOT,
+    failed_results,
     parse_results,
-    workspace_name,
+    request_archive,
 )
 from services import k8s_client
 from services.errors import SandboxStartError, SandboxUnavailableError
@@ -52,15 +53,8 @@ from services.k8s_pods import (
 from services.sandbox import (
     DEFAULT_SANDBOX_IMAGE,
     GRADING_NAME_PREFIX,
-    GRADING_ROLE,
-    PROJECT,
-    PROJECT_LABEL,
-    ROLE_LABEL,
 )
 from services.verdict import CheckResult
-
-MOUNT = "/grading"
-"""The pod's writable folder: ``file_checks.py``, ``request.json``, and the files under ``workspace/``."""
 
 DEFAULT_START_TIMEOUT_S = 120.0
 """How long the grading pod may take to run (scheduling, image on the node) before the call gives up."""
@@ -68,15 +62,6 @@ DEFAULT_START_TIMEOUT_S = 120.0
 DEFAULT_SPARE_MB = 64
 """Room in ``/grading`` (and memory) beyond the archive copied in."""
 
-_ROOT = f"{MOUNT}/workspace"
-_LABELS = {ROLE_LABEL: GRADING_ROLE, PROJECT_LABEL: PROJECT}
-_ENVIRONMENT = {
-    "HOME": "/tmp",
-    "MPLCONFIGDIR": "/tmp/matplotlib",
-    "OMP_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-}
 _KILLED = 137
 """The exit status of a checker killed by SIGKILL (the memory limit, most often)."""
 
@@ -117,19 +102,19 @@ def run_file_checks(
     configuration = configuration or k8s_client.load_configuration()
     core = client.CoreV1Api(client.ApiClient(configuration))
     name = f"{GRADING_NAME_PREFIX}{secrets.token_hex(6)}"
-    archive = _archive(checks, files)
+    archive = request_archive(checks, files, root=".")  # the checker runs in the workspace
     spare_mb = len(archive) // 2**20 + DEFAULT_SPARE_MB
     deadline_s = int(DEFAULT_START_TIMEOUT_S + timeout_s) + 60
     manifest = sandbox_pod(
         name=name,
         namespace=namespace,
         image=image,
-        labels=pod_labels(_LABELS, GRADING_COMPONENT),
+        labels=pod_labels(GRADING_LABELS, GRADING_COMPONENT),
         memory_mb=DEFAULT_MEMORY_MB + spare_mb,
         cpus=DEFAULT_CPUS,
         writable={MOUNT: spare_mb, "/tmp": DEFAULT_TMP_MB},
         active_deadline_s=deadline_s,
-        env=_ENVIRONMENT,
+        env=CHECKER_ENVIRONMENT,
         command=["sleep", str(deadline_s)],
         runtime_class=runtime_class,
         working_dir=MOUNT,
@@ -172,7 +157,7 @@ def _check(
         "-c",
         'cd "$1" && exec "$2" -I -B "$3" "$4"',
         "sh",
-        _ROOT,
+        WORKSPACE_ROOT,
         SANDBOX_PYTHON,
         f"{MOUNT}/file_checks.py",
         f"{MOUNT}/request.json",
@@ -188,51 +173,17 @@ def _check(
             on_stdout=output.extend,
         )
     except TimeoutError:
-        return _failed(checks, f"grading sandbox timed out after {timeout_s:g} s")
+        return failed_results(checks, f"grading sandbox timed out after {timeout_s:g} s")
     results = parse_results(bytes(output), checks)
     if results is not None:
         return results
     if ended.exit_code == _KILLED:
-        return _failed(checks, f"grading sandbox was killed, out of memory ({DEFAULT_MEMORY_MB} MiB) most likely")
+        return failed_results(
+            checks, f"grading sandbox was killed, out of memory ({DEFAULT_MEMORY_MB} MiB) most likely"
+        )
     errors = ended.stderr.decode(errors="replace").strip()
     last = errors.splitlines()[-1][:300] if errors else "no output"
-    return _failed(checks, f"grading sandbox gave no results (exit code {ended.exit_code}): {last}")
-
-
-def _failed(checks: list[dict[str, Any]], detail: str) -> list[CheckResult]:
-    return [CheckResult(kind=str(check.get("kind", "")), passed=False, detail=detail) for check in checks]
-
-
-def _archive(checks: list[dict[str, Any]], files: dict[str, bytes]) -> bytes:
-    """The tar of what the pod gets: the checker, the request (its root: the workspace, where the checker runs),
-    the workspace."""
-    request = json.dumps({"checks": checks, "root": "."}, default=str).encode()
-    sources = {path.name: path.read_bytes() for path in (Path(file_checks.__file__), file_checks.MODEL_LOADER)}
-    members: dict[str, bytes] = {}
-    folders = {"workspace"}
-    for name, data in files.items():
-        relative = workspace_name(name)
-        if relative is None:
-            continue
-        path = PurePosixPath("workspace", relative)
-        folders.update(str(parent) for parent in path.parents if str(parent) != ".")
-        if relative.endswith("/"):
-            folders.add(str(path).rstrip("/"))
-        else:
-            members[str(path)] = data
-    buffer = io.BytesIO()
-    now = int(time.time())
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for folder in sorted(folders, key=lambda f: (f.count("/"), f)):
-            info = tarfile.TarInfo(folder)
-            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, now
-            tar.addfile(info)
-        kept = sorted((path, data) for path, data in members.items() if path not in folders)
-        for member, data in [*sources.items(), ("request.json", request), *kept]:
-            info = tarfile.TarInfo(member)
-            info.size, info.mode, info.mtime = len(data), 0o644, now
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+    return failed_results(checks, f"grading sandbox gave no results (exit code {ended.exit_code}): {last}")
 
 
 def reap(
@@ -254,7 +205,7 @@ def reap(
     try:
         response = core.list_namespaced_pod(
             namespace,
-            label_selector=label_selector(_LABELS),
+            label_selector=label_selector(GRADING_LABELS),
             _preload_content=False,
             _request_timeout=k8s_client.DEFAULT_API_TIMEOUT_S,
         )

@@ -69,9 +69,11 @@ MOUNT = "/grading"
 SANDBOX_UID = 1000
 """The unprivileged user the checks run as."""
 
-_LABELS = {ROLE_LABEL: GRADING_ROLE, PROJECT_LABEL: PROJECT}
-_ROOT = f"{MOUNT}/workspace"
-_ENVIRONMENT = {
+GRADING_LABELS = {ROLE_LABEL: GRADING_ROLE, PROJECT_LABEL: PROJECT}
+"""The labels of every grading sandbox (container, volume or pod)."""
+WORKSPACE_ROOT = f"{MOUNT}/workspace"
+"""Where the session's files are unpacked, and the checks run."""
+CHECKER_ENVIRONMENT = {
     "HOME": "/tmp",
     "MPLCONFIGDIR": "/tmp/matplotlib",
     "OMP_NUM_THREADS": "1",
@@ -116,11 +118,11 @@ def run_file_checks(
         return []
     engine = _engine(client)
     name = f"{GRADING_NAME_PREFIX}{secrets.token_hex(6)}"
-    archive = _archive(checks, files)
+    archive = request_archive(checks, files)
     container_id: str | None = None
     try:
         try:
-            engine.api.create_volume(name, driver="local", labels=_LABELS)
+            engine.api.create_volume(name, driver="local", labels=GRADING_LABELS)
             container_id = _create(engine, image, name)
             if not engine.api.put_archive(container_id, MOUNT, archive):
                 raise SandboxStartError(f"the Docker engine refused the files of grading sandbox {name}")
@@ -167,9 +169,9 @@ def _create(engine: Any, image: str, name: str) -> str:
         command=[],
         name=name,
         user=f"{SANDBOX_UID}:{SANDBOX_UID}",
-        environment=_ENVIRONMENT,
-        working_dir=_ROOT,
-        labels=_LABELS,
+        environment=CHECKER_ENVIRONMENT,
+        working_dir=WORKSPACE_ROOT,
+        labels=GRADING_LABELS,
         network_disabled=True,
         volumes=[MOUNT],
         host_config=host_config,
@@ -186,7 +188,7 @@ def _collect(engine: Any, container_id: str, checks: list[dict[str, Any]], timeo
         # The client reports its read timeout as a ConnectionError, like a lost engine: the clock tells them apart.
         if time.monotonic() - started < timeout_s * 0.9:
             raise SandboxStartError(f"lost the Docker engine while grading: {exc}") from exc
-        return _failed(checks, f"grading sandbox timed out after {timeout_s:g} s")
+        return failed_results(checks, f"grading sandbox timed out after {timeout_s:g} s")
     code = status.get("StatusCode")
     try:
         for attempt in range(_LOG_RETRIES):
@@ -196,12 +198,12 @@ def _collect(engine: Any, container_id: str, checks: list[dict[str, Any]], timeo
             time.sleep(0.05 * (attempt + 1))
         state = engine.api.inspect_container(container_id).get("State", {})
         if state.get("OOMKilled"):
-            return _failed(checks, f"grading sandbox ran out of memory ({DEFAULT_MEMORY_MB} MiB)")
+            return failed_results(checks, f"grading sandbox ran out of memory ({DEFAULT_MEMORY_MB} MiB)")
         errors = engine.api.logs(container_id, stdout=False, stderr=True, tail=3).decode(errors="replace")
     except _DOCKER_ERRORS as exc:
         raise SandboxStartError(f"lost the Docker engine while grading: {exc}") from exc
     last = errors.strip().splitlines()[-1][:300] if errors.strip() else "no output"
-    return _failed(checks, f"grading sandbox gave no results (exit code {code}): {last}")
+    return failed_results(checks, f"grading sandbox gave no results (exit code {code}): {last}")
 
 
 def parse_results(output: bytes, checks: list[dict[str, Any]]) -> list[CheckResult] | None:
@@ -216,7 +218,7 @@ def parse_results(output: bytes, checks: list[dict[str, Any]]) -> list[CheckResu
         results = answer.get("results") if isinstance(answer, dict) else None
         if not isinstance(results, list) or len(results) != len(checks):
             if isinstance(answer, dict) and "error" in answer:
-                return _failed(checks, f"grading sandbox refused the request: {str(answer['error'])[:300]}")
+                return failed_results(checks, f"grading sandbox refused the request: {str(answer['error'])[:300]}")
             continue
         if all(
             isinstance(r, dict) and r.get("passed") in (True, False, None) and isinstance(r.get("detail"), str)
@@ -229,7 +231,8 @@ def parse_results(output: bytes, checks: list[dict[str, Any]]) -> list[CheckResu
     return None
 
 
-def _failed(checks: list[dict[str, Any]], detail: str) -> list[CheckResult]:
+def failed_results(checks: list[dict[str, Any]], detail: str) -> list[CheckResult]:
+    """Every check failed, with ``detail`` as the reason (the grading sandbox broke, not the checks)."""
     return [CheckResult(kind=str(check.get("kind", "")), passed=False, detail=detail) for check in checks]
 
 
@@ -249,9 +252,10 @@ def _checker_sources() -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in (Path(file_checks.__file__), file_checks.MODEL_LOADER)}
 
 
-def _archive(checks: list[dict[str, Any]], files: dict[str, bytes]) -> bytes:
-    """The tar of what the sandbox gets: the checker, the request, the workspace; all owned by root."""
-    request = json.dumps({"checks": checks, "root": _ROOT}, default=str).encode()
+def request_archive(checks: list[dict[str, Any]], files: dict[str, bytes], root: str = WORKSPACE_ROOT) -> bytes:
+    """The tar of what a grading sandbox gets under ``MOUNT``: the checker, the request (its files found under
+    ``root``), the workspace; all owned by root."""
+    request = json.dumps({"checks": checks, "root": root}, default=str).encode()
     members: dict[str, bytes] = {}
     folders = {"workspace"}
     for name, data in files.items():

@@ -6,12 +6,14 @@ Running cells is not the backend's job: every backend exposes a kernel gateway (
 """
 
 import bisect
+import functools
 import io
 import tarfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.sandbox import SandboxHandle
 
@@ -267,3 +269,51 @@ def one_file_archive(relative: list[str], data: bytes, uid: int) -> bytes:
         info.uid = info.gid = uid
         tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+class ChunkReader(io.RawIOBase):
+    """A readable file over an iterable of byte chunks (the engine's archive stream, a pod's exec output), so a tar
+    archive is read as it arrives; ``total`` counts the bytes read so far."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._pending = memoryview(b"")
+        self.total = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._pending = memoryview(chunk)
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        self.total += size
+        return size
+
+
+def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    extracted = tar.extractfile(member)
+    return extracted.read() if extracted is not None else b""
+
+
+def collect_tar(reader: ChunkReader, collector: TreeCollector, relative_name: Callable[[str], str]) -> None:
+    """Offer the folders and regular files of the tar stream ``reader`` to ``collector``, named by
+    ``relative_name(member name)``; a file's content is read only if the collector keeps it (the rest of the stream
+    is read through, never held).
+
+    Raises:
+        tarfile.TarError: the stream is not a tar archive, or breaks off.
+        OSError: reading the stream failed.
+    """
+    with tarfile.open(fileobj=reader, mode="r|") as tar:
+        for member in tar:
+            relative = relative_name(member.name)
+            if member.isdir():
+                collector.add_folder(relative)
+            elif member.isreg() and relative:
+                collector.add_file(relative, member.size, functools.partial(_read_member, tar, member))

@@ -14,8 +14,6 @@ workspace volume, its confining helper and the network carry the project label a
 """
 
 import contextlib
-import functools
-import io
 import secrets
 import socket
 import tarfile
@@ -32,10 +30,12 @@ import requests
 from executor.sandboxes.base import (
     DEFAULT_MAX_TREE_BYTES,
     DEFAULT_MAX_TREE_FILES,
+    ChunkReader,
     SandboxBackend,
     SandboxSpec,
     Tree,
     TreeCollector,
+    collect_tar,
     one_file_archive,
 )
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
@@ -328,13 +328,11 @@ class DockerSandboxBackend(SandboxBackend):
         root = stat["name"]
         collector = TreeCollector(max_files, max_bytes)
         try:
-            with tarfile.open(fileobj=_ChunkReader(stream), mode="r|") as tar:
-                for member in tar:
-                    relative = member.name[len(root) :].lstrip("/") if member.name.startswith(root) else member.name
-                    if member.isdir():
-                        collector.add_folder(relative)
-                    elif member.isreg() and relative:
-                        collector.add_file(relative, member.size, functools.partial(_read_member, tar, member))
+            collect_tar(
+                ChunkReader(stream),
+                collector,
+                lambda name: name[len(root) :].lstrip("/") if name.startswith(root) else name,
+            )
         except (*_DOCKER_ERRORS, tarfile.TarError, OSError) as exc:
             raise SandboxUnavailableError(f"cannot read {path} from sandbox {handle.name}: {exc}") from exc
         return collector.tree()
@@ -373,30 +371,3 @@ class DockerSandboxBackend(SandboxBackend):
                 self._remove_volume(volume.name)
                 removed.append(volume.name)
         return removed
-
-
-class _ChunkReader(io.RawIOBase):
-    """A readable file over the chunks the engine streams, so a tar archive is read as it arrives."""
-
-    def __init__(self, chunks: Any) -> None:
-        self._chunks = iter(chunks)
-        self._pending = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._pending:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return 0
-            self._pending = memoryview(chunk)
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size
-
-
-def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
-    extracted = tar.extractfile(member)
-    return extracted.read() if extracted is not None else b""

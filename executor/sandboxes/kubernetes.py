@@ -20,8 +20,6 @@ Known gaps beside the docker backend: no process limit of its own (Kubernetes ha
 """
 
 import contextlib
-import functools
-import io
 import json
 import secrets
 import tarfile
@@ -38,10 +36,12 @@ from kubernetes.client.rest import ApiException
 from executor.sandboxes.base import (
     DEFAULT_MAX_TREE_BYTES,
     DEFAULT_MAX_TREE_FILES,
+    ChunkReader,
     SandboxBackend,
     SandboxSpec,
     Tree,
     TreeCollector,
+    collect_tar,
     one_file_archive,
 )
 from services import k8s_client
@@ -320,14 +320,8 @@ class KubernetesSandboxBackend(SandboxBackend):
         )
         collector = TreeCollector(max_files, max_bytes)
         try:
-            reader = _ChunkReader(execution.chunks())
-            with tarfile.open(fileobj=reader, mode="r|") as tar:
-                for member in tar:
-                    relative = member.name.removeprefix("./").strip("/")
-                    if member.isdir():
-                        collector.add_folder(relative)
-                    elif member.isreg() and relative:
-                        collector.add_file(relative, member.size, functools.partial(_read_member, tar, member))
+            reader = ChunkReader(execution.chunks())
+            collect_tar(reader, collector, lambda name: name.removeprefix("./").strip("/"))
             result = execution.finish()
         except tarfile.ReadError as exc:
             if reader.total == 0:  # the folder is missing: nothing was sent
@@ -378,32 +372,3 @@ class KubernetesSandboxBackend(SandboxBackend):
                 k8s_client.delete_pod(self.core, name, self.namespace)
                 removed.append(name)
         return removed
-
-
-class _ChunkReader(io.RawIOBase):
-    """A readable file over the exec stream's stdout chunks, so a tar archive is read as it arrives."""
-
-    def __init__(self, chunks: Any) -> None:
-        self._chunks = iter(chunks)
-        self._pending = memoryview(b"")
-        self.total = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._pending:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return 0
-            self._pending = memoryview(chunk)
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        self.total += size
-        return size
-
-
-def _read_member(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
-    extracted = tar.extractfile(member)
-    return extracted.read() if extracted is not None else b""
