@@ -117,6 +117,12 @@ class StateStore:
         raw = self.redis.hget(evaluation_key(evaluation_id, "attempts"), str(task_index))
         return int(raw) if raw else 1
 
+    def task_attempts(self, evaluation_id: str, tasks: list[int]) -> dict[int, int]:
+        """``task_attempt`` of each of ``tasks``, in one read."""
+        raw = self.redis.hgetall(evaluation_key(evaluation_id, "attempts"))
+        attempts = {int(k): int(v) for k, v in raw.items()}
+        return {task: attempts.get(task, 1) for task in tasks}
+
     def evaluation_ids(self, owner: str | None, *, limit: int, before: float | None = None) -> list[tuple[str, float]]:
         """Evaluation ids with their creation times, newest first, older than ``before`` (a timestamp);
         ``owner`` None for every owner's."""

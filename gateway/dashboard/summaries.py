@@ -42,8 +42,8 @@ def summarise(trajectory: Trajectory) -> TaskSummary:
     return TaskSummary(
         end_reason=trajectory.end_reason.value,
         turns=trajectory.assistant_turns,
-        prompt_tokens=sum(turn.prompt_tokens or 0 for turn in trajectory.turns),
-        completion_tokens=sum(turn.completion_tokens or 0 for turn in trajectory.turns),
+        prompt_tokens=trajectory.prompt_tokens or 0,
+        completion_tokens=trajectory.completion_tokens or 0,
         wall_s=trajectory.wall_s,
         cells=len(executions),
         failed_cells=sum(1 for execution in executions if not execution.ok),

@@ -15,7 +15,7 @@ from gateway.dashboard.files import kind, output_path, reference_names, suite_pa
 from gateway.dashboard.previews import Preview, preview
 from gateway.dashboard.summaries import CACHE, TaskSummary
 from services.errors import ArtifactNotFoundError, StoreError
-from services.evaluation import Evaluation, EvaluationStatus, Progress, TaskState
+from services.evaluation import Evaluation, EvaluationStatus, Progress
 from services.metrics import build_results
 from services.state import EvaluationNotFoundError, StateStore
 from services.store import ArtifactStore
@@ -38,11 +38,6 @@ class RunRow:
     done: int
     pass_rate: float | None
     """The original grading's pass rate so far, over every task; None before any verdict."""
-
-
-def finished_count(progress: Progress) -> int:
-    counts = progress.counts
-    return sum(int(counts.get(state, 0)) for state in (TaskState.DONE, TaskState.UNAVAILABLE, TaskState.CANCELLED))
 
 
 def run_rows(
@@ -73,7 +68,7 @@ def run_rows(
         verdicts = state.verdicts(evaluation_id)
         passed = sum(1 for v in verdicts if v.status is VerdictStatus.PASSED)
         rate = passed / len(evaluation.tasks) if verdicts and evaluation.tasks else None
-        rows.append(RunRow(evaluation, current, progress, finished_count(progress), rate))
+        rows.append(RunRow(evaluation, current, progress, progress.finished, rate))
     return rows
 
 
@@ -156,8 +151,9 @@ def evaluation_page(
     by_task = {v.task_index: v for v in verdicts}
     states = state.task_states(evaluation.id)
     rows = []
+    attempts = state.task_attempts(evaluation.id, evaluation.tasks)
     for index in evaluation.tasks:
-        attempt = state.task_attempt(evaluation.id, index)
+        attempt = attempts[index]
         category = suite.tasks[index].paper_category if index in suite.tasks else ""
         verdict = by_task.get(index)
         summary = CACHE.get(store, evaluation.id, index, verdict.attempt if verdict else attempt)
@@ -183,7 +179,7 @@ def evaluation_page(
         evaluation=evaluation,
         status=state.status(progress, evaluation.id),
         progress=progress,
-        done=finished_count(progress),
+        done=progress.finished,
         results=results,
         chart=rate_chart(results.metrics, f"Pass rates of {evaluation.model.model}"),
         rows=kept,

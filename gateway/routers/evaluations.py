@@ -362,7 +362,7 @@ def download_archive(evaluation_id: str, caller: Caller, state: StateDep, store:
         "evaluation.json": evaluation.model_dump_json(indent=1).encode(),
         "results.json": results.model_dump_json(indent=1).encode(),
     }
-    attempts = [(task, state.task_attempt(evaluation.id, task)) for task in evaluation.tasks]
+    attempts = list(state.task_attempts(evaluation.id, evaluation.tasks).items())
     return StreamingResponse(
         stream_archive(store, evaluation.id, documents, attempts),
         media_type=ARCHIVE_MEDIA_TYPE,
