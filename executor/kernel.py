@@ -424,16 +424,19 @@ class KernelClient:
         with contextlib.suppress(httpx.HTTPError):
             self._http.post(f"{self.base_url}/api/kernels/{self.kernel_id}/interrupt", headers=self._headers)
 
-    def close(self) -> None:
-        """Close the channels and shut the kernel down (best effort: the sandbox is removed anyway)."""
+    def close(self, *, shutdown: bool = True) -> None:
+        """Close the channels and, with ``shutdown``, ask the gateway to shut the kernel down (best effort). A
+        caller that removes the sandbox next passes ``shutdown=False``: the removal ends the kernel anyway, and
+        a shutdown would cost the gateway and the kernel their exit work (and the caller up to 5 s) for nothing.
+        """
         if self._ws is not None:
             with contextlib.suppress(websocket.WebSocketException, OSError):
                 self._ws.close()
             self._ws = None
-        if self.kernel_id is not None:
+        if self.kernel_id is not None and shutdown:
             with contextlib.suppress(httpx.HTTPError):
                 self._http.delete(f"{self.base_url}/api/kernels/{self.kernel_id}", headers=self._headers, timeout=5)
-            self.kernel_id = None
+        self.kernel_id = None
         if self._owns_http:
             self._http.close()
 

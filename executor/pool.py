@@ -67,7 +67,7 @@ def start_sandbox(backend: SandboxBackend, spec: SandboxSpec, *, prewarm: bool) 
         if prewarm:
             kernel.run_silent(prewarm_code(), timeout_s=PREWARM_TIMEOUT_S)
     except BaseException:
-        kernel.close()
+        kernel.close(shutdown=False)
         backend.stop(handle)
         raise
     return WarmSandbox(handle, kernel, warm=False)
@@ -144,7 +144,7 @@ class WarmPool:
         if error is not None:
             log.warning("warm pool: could not start a sandbox: %s", error)
         if sandbox is not None and not kept:  # closed meanwhile
-            _discard(self.backend, sandbox)
+            discard(self.backend, sandbox)
 
     def wait_ready(self, timeout_s: float, count: int = 1) -> bool:
         """Wait until ``count`` sandboxes are ready (for tests and benchmarks); True if they are."""
@@ -174,7 +174,7 @@ class WarmPool:
                 sandbox.kernel.run_silent("", timeout_s=5.0)  # still alive?
             except SandboxError as exc:
                 log.warning("warm pool: sandbox %s went away while waiting: %s", sandbox.handle.name, exc)
-                _discard(self.backend, sandbox)
+                discard(self.backend, sandbox)
                 continue
             sandbox.warm = True
             self.fill()
@@ -206,13 +206,15 @@ class WarmPool:
             threads = list(self._threads)
             self._ready_changed.notify_all()
         for sandbox in ready:
-            _discard(self.backend, sandbox)
+            discard(self.backend, sandbox)
         deadline = time.monotonic() + PREWARM_TIMEOUT_S
         for thread in threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
-def _discard(backend: SandboxBackend, sandbox: WarmSandbox) -> None:
+def discard(backend: SandboxBackend, sandbox: WarmSandbox) -> None:
+    """Close the sandbox's kernel channels and remove the sandbox (which ends the kernel); never raises for a
+    sandbox already gone."""
     with contextlib.suppress(SandboxError):
-        sandbox.kernel.close()
+        sandbox.kernel.close(shutdown=False)
     backend.stop(sandbox.handle)

@@ -15,7 +15,7 @@ from typing import Any
 
 from executor.agent import AgentRun, run_agent
 from executor.messages import opening_messages
-from executor.pool import WarmPool, WarmSandbox, start_sandbox
+from executor.pool import WarmPool, WarmSandbox, discard, start_sandbox
 from executor.sandboxes.base import SandboxBackend, Tree
 from executor.settings import ExecutorSettings
 from services.endpoint import EndpointClient
@@ -152,8 +152,7 @@ def run_task_session(
             log.warning("task %d: could not collect ./output: %s", task.index, exc)
             tree = Tree()
     finally:
-        kernel.close()
-        backend.stop(handle)
+        discard(backend, sandbox)
     session.ended_at = datetime.now(UTC)
     truncated = tree.note("./output")
     if truncated is not None:

@@ -146,7 +146,7 @@ def test_tasks_submitted_over_rest_run_each_in_its_own_sandbox_and_are_graded(
 
     # What served the tasks is gone, container and volume, and nothing was left since the submission (whatever
     # its evaluation label: most sessions run in warm sandboxes, labelled for the pool) but the pools' next
-    # sandboxes, up to WARM_POOL_SIZE per executor, each with its volume (and, while it starts, its confining helper).
+    # sandboxes, up to WARM_POOL_SIZE per executor, each with its volume.
     after = sandbox_objects()
     assert not [key for key in after if key[1].startswith(tuple(names))], "a sandbox that served a task is left"
     new = {key: labels for key, labels in after.items() if key not in before}

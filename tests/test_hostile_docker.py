@@ -4,6 +4,7 @@ Network probes aim only at decoys this test starts on a Docker network of its ow
 outside address.
 """
 
+import ast
 import contextlib
 import os
 import threading
@@ -76,6 +77,17 @@ def test_runs_unprivileged_with_no_capabilities_and_no_docker_socket(box: Box) -
     assert box.value("__import__('os').getuid()") == "1000"
     status = box.value("open('/proc/self/status').read()")
     assert "CapEff:\t0000000000000000" in status and "NoNewPrivs:\t1" in status
+    # The entrypoint that confined the network as root dropped every capability from every set, for good.
+    for held in ("CapPrm", "CapInh", "CapBnd", "CapAmb"):
+        assert f"{held}:\t0000000000000000" in status, f"{held} is not empty: {status}"
+    processes = box.value(
+        "sorted({(f[0], f[1].split()[0], f[2]) for f in ([dict(line.split(':\\t', 1) for line in "
+        "open(f'/proc/{p}/status').read().splitlines() if ':\\t' in line)[k] for k in ('Name', 'Uid', 'CapBnd')] "
+        "for p in __import__('os').listdir('/proc') if p.isdigit())})"
+    )
+    found = ast.literal_eval(processes)
+    assert {name for name, _, _ in found} >= {"tini", "jupyter-kernelg"}, found
+    assert all(uid == "1000" and bounding == "0000000000000000" for _, uid, bounding in found), found
     assert box.value("__import__('os').path.exists('/var/run/docker.sock')") == "False"
 
 

@@ -5,15 +5,16 @@ Each container runs ``jupyter kernelgateway`` as an unprivileged user with every
 but an internal bridge that has no route out (the executor reaches the gateway by the container's address on
 that bridge). What it may write is size-capped and in memory: ``/tmp`` and its home are tmpfs mounts, and
 ``/workspace`` is a tmpfs-backed volume of its own (a volume, so files can be copied in and out of it while
-the root stays read-only). Its routing table holds one route, to the executor (``_confine``): no default
-route, and no way to another sandbox on the shared bridge. Its only environment variable is its own gateway
+the root stays read-only). Its routing table holds one route, to the executor (``_CONFINE_ENTRYPOINT``): no
+default route, and no way to another sandbox on the shared bridge. Its only environment variable is its own gateway
 token. Every container carries the labels
 ``pybench-eval.role=sandbox``, ``pybench-eval.evaluation``, ``.task`` and ``.attempt``, and a name that
 starts with ``pbe-sbx-`` (``services.sandbox``), so ``reap`` finds what a crashed worker left behind; its
-workspace volume, its confining helper and the network carry the project label and roles of their own.
+workspace volume and the network carry the project label and roles of their own.
 """
 
 import contextlib
+import ipaddress
 import secrets
 import socket
 import tarfile
@@ -62,9 +63,17 @@ SANDBOX_HOME = "/home/sandbox"
 """The sandbox user's home: a size-capped tmpfs."""
 
 _WORKSPACE_ROLE = "sandbox-workspace"
-_CONFINE_ROLE = "sandbox-confine"
 _NETWORK_ROLE = "sandbox-network"
 _DOCKER_ERRORS = (docker.errors.DockerException, requests.RequestException)
+_CONFINE_ENTRYPOINT = "/usr/local/bin/confine-sandbox"
+"""The sandbox image's entrypoint that confines its network and drops to the sandbox user
+(``executor/image/confine-sandbox.sh``): the routing table keeps one host route, to the executor (no default
+route: no internet, no metadata address; no route to another sandbox on the shared bridge), the engine's resolver
+is out of reach, and then tini and the kernel gateway run as uid 1000 with every capability set empty."""
+_CONFINE_CAPABILITIES = ("NET_ADMIN", "SETUID", "SETGID", "SETPCAP")
+"""What the confining entrypoint holds as root, before it drops them all: the routes, and the drop itself."""
+_STATE_CHECK_S = 1.0
+"""While a sandbox's gateway does not answer yet, how often to ask the engine whether its container still runs."""
 
 
 class DockerSandboxBackend(SandboxBackend):
@@ -142,12 +151,16 @@ class DockerSandboxBackend(SandboxBackend):
                 labels=labels,
                 environment={"KG_AUTH_TOKEN": token},
                 network=self.network,
-                user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+                # The entrypoint confines the network as root with these capabilities only, then becomes the
+                # sandbox user with none in any set before the gateway starts (see ``_CONFINE_ENTRYPOINT``).
+                entrypoint=[_CONFINE_ENTRYPOINT, self._confined_peer()],
+                user="0:0",
                 mem_limit=f"{spec.memory_mb}m",
                 memswap_limit=f"{spec.memory_mb}m",
                 nano_cpus=int(spec.cpus * 1e9),
                 pids_limit=spec.pids,
                 cap_drop=["ALL"],
+                cap_add=list(_CONFINE_CAPABILITIES),
                 security_opt=["no-new-privileges"],
                 read_only=True,
                 # Names resolve nowhere (a `pip install` fails at once): the resolver is the box's own loopback.
@@ -166,7 +179,6 @@ class DockerSandboxBackend(SandboxBackend):
             container.start()
             container.reload()
             address = container.attrs["NetworkSettings"]["Networks"][self.network]["IPAddress"]
-            self._confine(container, name, labels, spec.image)
             handle = SandboxHandle(
                 backend=self.name,
                 sandbox_id=container.id,
@@ -179,7 +191,10 @@ class DockerSandboxBackend(SandboxBackend):
             self._wait_ready(container, handle, spec.ready_timeout_s)
         except (*_DOCKER_ERRORS, KeyError) as exc:
             self._remove(container.id, name)
-            raise SandboxStartError(f"sandbox {name} did not start: {exc}") from exc
+            hint = "; the image predates this executor: rebuild it with `make images`" if _CONFINE_ENTRYPOINT in str(
+                exc
+            ) else ""
+            raise SandboxStartError(f"sandbox {name} did not start: {exc}{hint}") from exc
         except BaseException:
             self._remove(container.id, name)
             raise
@@ -210,53 +225,28 @@ class DockerSandboxBackend(SandboxBackend):
                 self._peer = str(gateway)
         return self._peer
 
-    def _confine(self, container: Any, name: str, labels: dict[str, str], image: str) -> None:
-        """Replace the sandbox's routes by one host route to the executor: no default route (no internet, no
-        metadata address), and no route to any other sandbox on the shared network.
-
-        The sandbox itself has no capability to change its routes; a short-lived helper from the same image
-        joins its network namespace with only NET_ADMIN, rewrites the table, and is removed.
+    def _confined_peer(self) -> str:
+        """The executor's address as the confining entrypoint's argument (checked to be one address).
 
         Raises:
-            SandboxStartError: the routes could not be rewritten (the caller removes the sandbox).
+            SandboxStartError: the peer is unknown or not an IP address.
         """
         peer = self.peer_address()
-        script = (
-            f"ip route flush table main && ip route add {peer}/32 dev eth0"
-            # no loopback but 127.0.0.1 (its own local route stays): the engine's resolver at 127.0.0.11 is out of
-            # reach, so a name lookup (pip install, requests.get) fails at once instead of waiting out its timeouts
-            " && ip route del local 127.0.0.0/8 dev lo table local"
-            " && ip route show"
-        )
-        helper = self.client.containers.create(
-            image,
-            command=["sh", "-ec", script],
-            name=f"{name}-net",
-            labels={**labels, ROLE_LABEL: _CONFINE_ROLE},
-            network_mode=f"container:{container.id}",
-            user="0:0",
-            cap_drop=["ALL"],
-            cap_add=["NET_ADMIN"],
-            security_opt=["no-new-privileges"],
-            read_only=True,
-            mem_limit="64m",
-            pids_limit=16,
-        )
         try:
-            helper.start()
-            result = helper.wait(timeout=30)
-            if result.get("StatusCode") != 0:
-                logs = helper.logs(tail=5).decode(errors="replace").strip()
-                raise SandboxStartError(
-                    f"could not confine sandbox {name}'s network ({logs}); does the image have iproute2? "
-                    "rebuild it with `make images`"
-                )
-        finally:
-            with contextlib.suppress(*_DOCKER_ERRORS):
-                helper.remove(force=True)
+            return str(ipaddress.ip_address(peer))
+        except ValueError as exc:
+            raise SandboxStartError(f"the executor's address on {self.network} is not an IP address: {peer!r}") from exc
 
     def _wait_ready(self, container: Any, handle: SandboxHandle, timeout_s: float) -> None:
+        """Ask the kernel gateway for ``/api`` until it answers, looking at the container's state (an engine
+        request) only every ``_STATE_CHECK_S`` while it does not: many sandboxes start at once, and the engine's
+        CPU is theirs.
+
+        Raises:
+            SandboxStartError: the container exited, or the gateway did not answer within ``timeout_s``.
+        """
         deadline = time.monotonic() + timeout_s
+        next_state_check = time.monotonic() + _STATE_CHECK_S
         last_error = "no answer"
         with httpx.Client(timeout=2.0) as http:
             while time.monotonic() < deadline:
@@ -267,10 +257,12 @@ class DockerSandboxBackend(SandboxBackend):
                     last_error = f"HTTP {response.status_code}"
                 except httpx.HTTPError as exc:
                     last_error = str(exc) or type(exc).__name__
-                container.reload()
-                if container.status not in ("created", "running"):
-                    logs = container.logs(tail=20).decode(errors="replace")
-                    raise SandboxStartError(f"sandbox {handle.name} exited while starting: {logs}")
+                if time.monotonic() >= next_state_check:
+                    next_state_check = time.monotonic() + _STATE_CHECK_S
+                    container.reload()
+                    if container.status not in ("created", "running"):
+                        logs = container.logs(tail=20).decode(errors="replace")
+                        raise SandboxStartError(f"sandbox {handle.name} exited while starting: {logs}")
                 time.sleep(0.05)
         raise SandboxStartError(
             f"sandbox {handle.name}'s kernel gateway did not answer within {timeout_s:.0f} s ({last_error})"
@@ -360,11 +352,6 @@ class DockerSandboxBackend(SandboxBackend):
             if docker_created_epoch(container.attrs.get("Created", "")) <= cutoff:
                 self._remove(container.id, container.name)
                 removed.append(container.name)
-        confine_filters = [f"{ROLE_LABEL}={_CONFINE_ROLE}", *filters[1:]]
-        for helper in self.client.containers.list(all=True, filters={"label": confine_filters}):
-            if docker_created_epoch(helper.attrs.get("Created", "")) <= cutoff:
-                with contextlib.suppress(*_DOCKER_ERRORS):
-                    helper.remove(force=True)
         workspace_filters = [f"{ROLE_LABEL}={_WORKSPACE_ROLE}", *filters[1:]]
         for volume in self.client.volumes.list(filters={"label": workspace_filters}):
             if docker_created_epoch(volume.attrs.get("CreatedAt", "")) <= cutoff and volume.name not in removed:
