@@ -55,8 +55,14 @@ def test_sandbox_runs_as_labelled_unprivileged_container_on_internal_network(
     assert container.name.startswith(SANDBOX_NAME_PREFIX)
     assert container.labels[EVALUATION_LABEL] == "test-sandbox"
     assert container.labels[TASK_LABEL] == "1"
-    assert container.attrs["Config"]["User"] == "1000:1000"
+    # It starts as root only in the entrypoint that confines its network and drops to uid 1000 with no capability
+    # in any set (tests/test_hostile_docker.py checks every process inside); that entrypoint holds these four.
+    assert container.attrs["Config"]["Entrypoint"] == ["/usr/local/bin/confine-sandbox", backend.peer_address()]
     assert config["CapDrop"] == ["ALL"]
+    assert sorted(cap.removeprefix("CAP_") for cap in config["CapAdd"]) == ["NET_ADMIN", "SETGID", "SETPCAP", "SETUID"]
+    assert config["SecurityOpt"] == ["no-new-privileges"]
+    status = container.exec_run(["cat", "/proc/1/status"], user="1000").output.decode()
+    assert "Uid:\t1000\t1000\t1000\t1000" in status and "CapBnd:\t0000000000000000" in status
     assert config["Memory"] == 2048 * 2**20
     assert list(container.attrs["NetworkSettings"]["Networks"]) == [backend.network]
     assert docker.from_env().networks.get(backend.network).attrs["Internal"] is True
