@@ -32,7 +32,7 @@ export PBE_SUITE_DIR DOCKER_GID PBE_GATEWAY_PORT BASE_IMAGE
 
 COMPOSE := docker compose -p pybench-eval
 
-.PHONY: help host-deps install compose-plugin base-image wheels images model-image k8s-tools real-model up down demo test lint bench bench-sandbox bench-grading bench-throughput bench-dashboard reap
+.PHONY: help host-deps install compose-plugin base-image wheels images model-image k8s-tools real-model up down demo test lint bench bench-sandbox bench-grading bench-throughput bench-lifecycle bench-dashboard reap
 
 help: ## List the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -114,6 +114,9 @@ bench-grading: images $(VENV)/.installed-dev ## Grading figures: every suite tas
 
 bench-throughput: up $(VENV)/.installed-dev ## All 143 tasks through the stack (instant and 2 s model) against PyBench's unisolated way (root)
 	set -a; . ./.env; set +a; $(PY) scripts/bench_throughput.py --suite $(PBE_SUITE_DIR)
+
+bench-lifecycle: images $(VENV)/.installed-dev ## A session's CPU and wall time phase by phase outside its cells (start, kernel, teardown, grading sandbox)
+	$(PY) scripts/bench_lifecycle.py
 
 bench-dashboard: $(VENV)/.installed-dev ## Dashboard server time: a 143-task evaluation page, a task page of 10 turns and 10 charts
 	@PYTHON=$(PYTHON) bash scripts/host-deps.sh redis-server
