@@ -29,8 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from executor.pool import prewarm_code  # noqa: E402
 from executor.kernel import KernelClient  # noqa: E402
+from executor.pool import prewarm_code  # noqa: E402
 from executor.sandboxes.base import SandboxSpec  # noqa: E402
 from executor.sandboxes.docker import DockerSandboxBackend  # noqa: E402
 from grader.check_sandbox import run_file_checks  # noqa: E402

@@ -20,7 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 HEALTH = ROOT / "services" / "health.py"
 
 
-def check(*targets: str, redis_url: str | None = None, docker_host: str | None = None) -> subprocess.CompletedProcess[str]:
+def check(
+    *targets: str, redis_url: str | None = None, docker_host: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {"PATH": os.environ["PATH"]}
     if redis_url is not None:
         env["PBE_REDIS_URL"] = redis_url

@@ -191,9 +191,11 @@ class DockerSandboxBackend(SandboxBackend):
             self._wait_ready(container, handle, spec.ready_timeout_s)
         except (*_DOCKER_ERRORS, KeyError) as exc:
             self._remove(container.id, name)
-            hint = "; the image predates this executor: rebuild it with `make images`" if _CONFINE_ENTRYPOINT in str(
-                exc
-            ) else ""
+            hint = (
+                "; the image predates this executor: rebuild it with `make images`"
+                if _CONFINE_ENTRYPOINT in str(exc)
+                else ""
+            )
             raise SandboxStartError(f"sandbox {name} did not start: {exc}{hint}") from exc
         except BaseException:
             self._remove(container.id, name)
