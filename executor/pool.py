@@ -1,7 +1,8 @@
 """The warm pool: an executor keeps sandboxes started ahead, so a task session starts without waiting.
 
 A warm sandbox is a started container whose kernel answers and has already imported the common libraries
-(``PREWARM_IMPORTS``: the import cost, not the names; the model's namespace stays empty). ``take`` hands one
+(``DEFAULT_WARM_IMPORTS``, or ``PBE_WARM_IMPORTS``: the import cost, not the names; the model's namespace stays
+empty). ``take`` hands one
 out and at once starts its replacement in a background thread (up to the pool's size, a few at a time). A
 sandbox is handed out once and never returns to the pool: the session that took it removes it.
 
@@ -29,15 +30,18 @@ log = logging.getLogger(__name__)
 POOL_EVALUATION = "warm-pool"
 """The evaluation label of sandboxes started ahead of the task they will serve."""
 
-PREWARM_IMPORTS = ("numpy", "pandas", "matplotlib", "matplotlib.pyplot")
-"""Modules a warm kernel imports before any task: the first cells of most PyBench tasks need them."""
+DEFAULT_WARM_IMPORTS = ("numpy", "pandas")
+"""Modules a warm kernel imports before any task, unless ``PBE_WARM_IMPORTS`` says otherwise. pandas (with numpy)
+is what PyBench's cells use most (65 of the 135 recorded sessions). matplotlib.pyplot is left to the cells that
+use it (18 of 135): importing it costs a sandbox about 0.5 CPU-seconds, which every other session would pay for
+nothing while the machine's cores are what bounds a suite's run."""
 
 PREWARM_TIMEOUT_S = 60.0
-"""How long a warm kernel may take to import ``PREWARM_IMPORTS``. A start under way is waited for up to the
+"""How long a warm kernel may take to import its warm imports. A start under way is waited for up to the
 spec's ready timeout plus this by ``take``, and up to this by ``close``."""
 
 
-def prewarm_code(modules: tuple[str, ...] = PREWARM_IMPORTS) -> str:
+def prewarm_code(modules: tuple[str, ...] = DEFAULT_WARM_IMPORTS) -> str:
     """Code that imports ``modules`` (each optional) without binding a name in the user's namespace."""
     lines = [f"try:\n    __import__({name!r})\nexcept Exception:\n    pass" for name in modules]
     return "exec(" + repr("\n".join(lines)) + ", {})"
@@ -53,8 +57,8 @@ class WarmSandbox:
     """True if it came from the pool, False if it was started on demand."""
 
 
-def start_sandbox(backend: SandboxBackend, spec: SandboxSpec, *, prewarm: bool) -> WarmSandbox:
-    """Start a sandbox and its kernel (optionally importing ``PREWARM_IMPORTS``).
+def start_sandbox(backend: SandboxBackend, spec: SandboxSpec, *, imports: tuple[str, ...] = ()) -> WarmSandbox:
+    """Start a sandbox and its kernel, and have the kernel import ``imports`` (none: a cold kernel).
 
     Raises:
         SandboxStartError: the sandbox did not start (nothing is left behind).
@@ -64,8 +68,8 @@ def start_sandbox(backend: SandboxBackend, spec: SandboxSpec, *, prewarm: bool) 
     kernel = KernelClient(handle.url, handle.token, probe_scope=backend.telemetry_scope)
     try:
         kernel.start()
-        if prewarm:
-            kernel.run_silent(prewarm_code(), timeout_s=PREWARM_TIMEOUT_S)
+        if imports:
+            kernel.run_silent(prewarm_code(imports), timeout_s=PREWARM_TIMEOUT_S)
     except BaseException:
         kernel.close(shutdown=False)
         backend.stop(handle)
@@ -83,13 +87,19 @@ class WarmPool:
     """
 
     def __init__(
-        self, backend: SandboxBackend, template: SandboxSpec, *, size: int = 1, starts: int = 1, prewarm: bool = True
+        self,
+        backend: SandboxBackend,
+        template: SandboxSpec,
+        *,
+        size: int = 1,
+        starts: int = 1,
+        imports: tuple[str, ...] = DEFAULT_WARM_IMPORTS,
     ) -> None:
         self.backend = backend
         self.template = replace(template, evaluation_id=POOL_EVALUATION, task_index=0, attempt=0)
         self.size = max(1, size)
         self.starts = max(1, starts)
-        self.prewarm = prewarm
+        self.imports = imports
         self._ready_changed = threading.Condition()
         self._ready: deque[WarmSandbox] = deque()
         self._starting = 0
@@ -125,7 +135,7 @@ class WarmPool:
 
     def _fill_one(self) -> None:
         try:
-            sandbox: WarmSandbox | None = start_sandbox(self.backend, self.template, prewarm=self.prewarm)
+            sandbox: WarmSandbox | None = start_sandbox(self.backend, self.template, imports=self.imports)
             error = None
         except SandboxError as exc:
             sandbox, error = None, exc
@@ -180,7 +190,7 @@ class WarmPool:
             self.fill()
             return sandbox
         self.fill()
-        return start_sandbox(self.backend, spec, prewarm=False)
+        return start_sandbox(self.backend, spec)
 
     def _next_ready(self, timeout_s: float) -> WarmSandbox | None:
         """The oldest ready sandbox, waiting up to ``timeout_s`` for one while starts are under way; None when

@@ -117,7 +117,7 @@ def run_task_session(
 
     session_started = datetime.now(UTC)
     try:
-        sandbox: WarmSandbox = pool.take(spec) if pool is not None else start_sandbox(backend, spec, prewarm=False)
+        sandbox: WarmSandbox = pool.take(spec) if pool is not None else start_sandbox(backend, spec)
     except SandboxError as exc:
         log.warning("task %d: sandbox did not start: %s", task.index, exc)
         return infra_failure(exc, None)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import Field
 
+from executor.pool import DEFAULT_WARM_IMPORTS
 from executor.sandboxes.base import (
     DEFAULT_CPUS,
     DEFAULT_MEMORY_MB,
@@ -25,6 +26,9 @@ DEFAULT_WARM_POOL_SIZE = 4
 
 DEFAULT_WARM_POOL_STARTS = 2
 """Sandboxes an executor's warm pool starts at once, unless ``PBE_WARM_POOL_STARTS`` says otherwise."""
+
+_MODULE_LIST = r"^\s*([A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\s*(,\s*|$))*$"
+"""Comma-separated dotted module names (or nothing)."""
 
 DEFAULT_SANDBOX_NETWORK = "pybench-eval-sandboxes"
 """The internal Docker network sandboxes join: no route out; only the executor reaches their gateway."""
@@ -62,11 +66,19 @@ class ExecutorSettings(ServiceSettings):
     and the kernel most of the time)."""
     WARM_POOL_SIZE: int = Field(default=DEFAULT_WARM_POOL_SIZE, ge=1, le=64)
     """How many started sandboxes the warm pool keeps ready."""
+    WARM_IMPORTS: str = Field(default=",".join(DEFAULT_WARM_IMPORTS), pattern=_MODULE_LIST)
+    """The modules a warm sandbox's kernel imports before its task, comma-separated (``numpy,pandas``; empty:
+    none): the cost moves off the cells that use them, and every sandbox pays it."""
     WARM_POOL_STARTS: int = Field(default=DEFAULT_WARM_POOL_STARTS, ge=1, le=16)
     """How many sandboxes the warm pool starts at once (each start is mostly CPU: more only queue on the cores)."""
     WORKER_ID: str = Field(default_factory=lambda: default_worker_id(), pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     """Who started a sandbox: its ``pybench-eval.worker`` label. The same worker started again removes what its
     previous life left before it takes work (``default_worker_id``)."""
+
+    @property
+    def warm_imports(self) -> tuple[str, ...]:
+        """``WARM_IMPORTS`` as module names."""
+        return tuple(name.strip() for name in self.WARM_IMPORTS.split(",") if name.strip())
 
     def sandbox_spec(self, evaluation_id: str, task_index: int, attempt: int) -> SandboxSpec:
         """The sandbox one task session (or the warm pool) asks for: these settings' image and limits, under the

@@ -70,6 +70,7 @@ def open_pool(settings: ExecutorSettings, backend: SandboxBackend | None = None)
             settings.sandbox_spec(POOL_EVALUATION, 0, 0),
             size=settings.WARM_POOL_SIZE,
             starts=settings.WARM_POOL_STARTS,
+            imports=settings.warm_imports,
         )
         _pool.fill()
     return _pool

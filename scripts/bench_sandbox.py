@@ -51,7 +51,7 @@ def cold_starts_s(backend: DockerSandboxBackend, image: str, count: int) -> list
     starts = []
     for attempt in range(count):
         began = time.perf_counter()
-        sandbox = start_sandbox(backend, SandboxSpec(BENCH_EVALUATION, 0, attempt + 1, image=image), prewarm=False)
+        sandbox = start_sandbox(backend, SandboxSpec(BENCH_EVALUATION, 0, attempt + 1, image=image))
         sandbox.kernel.execute("pass", timeout_s=60)
         starts.append(time.perf_counter() - began)
         sandbox.kernel.close()
@@ -108,7 +108,7 @@ def nbclient_cell() -> Iterator[Callable[[], object]]:
 def cell_rtts_ms(backend: DockerSandboxBackend, image: str, cells: int, rounds: int) -> tuple[list[float], list[float]]:
     """Round trips of a trivial cell through a sandbox and through nbclient, measured in alternating rounds so
     both see the same machine."""
-    sandbox = start_sandbox(backend, SandboxSpec(BENCH_EVALUATION, 2, 1, image=image), prewarm=False)
+    sandbox = start_sandbox(backend, SandboxSpec(BENCH_EVALUATION, 2, 1, image=image))
     ours: list[float] = []
     theirs: list[float] = []
     try:

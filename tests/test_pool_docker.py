@@ -35,10 +35,14 @@ def test_a_warm_sandbox_is_handed_out_once_with_libraries_imported(backend: Dock
         assert pool.wait_ready(120), pool.last_error
         first = pool.take(SandboxSpec(EVALUATION, 1, 1, image=IMAGE))
         assert first.warm
+        # The default warm imports (numpy and pandas) are loaded, matplotlib is left to the cells that use it, and
+        # the model's namespace holds none of them.
         execution, output = first.kernel.execute(
-            "import sys\nprint('pandas' in sys.modules, 'pandas' in dir(), 'np' in dir())", timeout_s=30
+            "import sys\nprint('pandas' in sys.modules, 'matplotlib.pyplot' in sys.modules, 'pandas' in dir(), "
+            "'np' in dir())",
+            timeout_s=30,
         )
-        assert execution.ok and output.items[0].text == "True False False\n"
+        assert execution.ok and output.items[0].text == "True False False False\n"
         assert pool.wait_ready(120), pool.last_error
         second = pool.take(SandboxSpec(EVALUATION, 2, 1, image=IMAGE))
         assert second.warm and second.handle.sandbox_id != first.handle.sandbox_id
@@ -51,7 +55,7 @@ def test_a_warm_sandbox_is_handed_out_once_with_libraries_imported(backend: Dock
 
 
 def test_a_spec_with_other_limits_gets_a_sandbox_started_on_demand(backend: DockerSandboxBackend) -> None:
-    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=IMAGE), prewarm=False)
+    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=IMAGE), imports=())
     try:
         sandbox = pool.take(SandboxSpec(EVALUATION, 1, 1, image=IMAGE, memory_mb=1024))
         assert not sandbox.warm
@@ -66,7 +70,7 @@ def test_a_spec_with_other_limits_gets_a_sandbox_started_on_demand(backend: Dock
 
 
 def test_a_warm_sandbox_that_died_is_replaced(backend: DockerSandboxBackend) -> None:
-    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=IMAGE), prewarm=False)
+    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=IMAGE), imports=())
     try:
         assert pool.wait_ready(120), pool.last_error
         (container,) = _pool_containers()
@@ -91,7 +95,7 @@ def test_a_pool_of_two_keeps_two_ready_labelled_with_its_worker_and_the_next_lif
     from services.sandbox import WORKER_LABEL
 
     spec = SandboxSpec(EVALUATION, 0, 0, image=IMAGE, worker="pool-test-worker")
-    pool = WarmPool(backend, spec, size=2, starts=2, prewarm=False)
+    pool = WarmPool(backend, spec, size=2, starts=2, imports=())
     try:
         assert pool.wait_ready(180, count=2), pool.last_error
         containers = _pool_containers()
@@ -118,7 +122,7 @@ def test_a_pool_that_cannot_start_sandboxes_fails_a_take_at_once(backend: Docker
     from services.errors import SandboxStartError
 
     missing = "pybench-eval/no-such-image:latest"
-    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=missing), size=2, prewarm=False)
+    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=missing), size=2, imports=())
     try:
         pool.fill()
         started = time.monotonic()
