@@ -134,6 +134,9 @@ class DockerSandboxBackend(SandboxBackend):
         tmpfs = f"rw,nosuid,nodev,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,size={spec.tmp_mb}m"
         try:
             self.ensure_network()
+            # The entrypoint confines the network as root with ``_CONFINE_CAPABILITIES`` only, then becomes the
+            # sandbox user with none in any set before the gateway starts (see ``_CONFINE_ENTRYPOINT``).
+            entrypoint = [_CONFINE_ENTRYPOINT, self._confined_peer()]  # before the volume: nothing to undo
             self.client.volumes.create(
                 name,
                 driver="local",
@@ -151,9 +154,7 @@ class DockerSandboxBackend(SandboxBackend):
                 labels=labels,
                 environment={"KG_AUTH_TOKEN": token},
                 network=self.network,
-                # The entrypoint confines the network as root with these capabilities only, then becomes the
-                # sandbox user with none in any set before the gateway starts (see ``_CONFINE_ENTRYPOINT``).
-                entrypoint=[_CONFINE_ENTRYPOINT, self._confined_peer()],
+                entrypoint=entrypoint,
                 user="0:0",
                 mem_limit=f"{spec.memory_mb}m",
                 memswap_limit=f"{spec.memory_mb}m",
