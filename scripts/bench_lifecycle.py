@@ -5,8 +5,8 @@ sandbox, start and warm its kernel, copy the task's inputs, one trivial cell, co
 one grading sandbox per session (``grader.check_sandbox.run_file_checks`` with a check that opens a produced
 CSV), and an idle sandbox for ``--idle-s`` seconds. For each phase it records the wall time and the CPU the
 whole machine used meanwhile (``/proc/stat``: the engine, containerd, runc, fuse-overlayfs, the containers and
-this process alike), so run it on an otherwise idle machine. Phases inside ``DockerSandboxBackend.start`` are
-timed by wrapping its steps.
+this process alike), so run it on an otherwise idle machine. The wait for the kernel gateway inside
+``DockerSandboxBackend.start`` is timed by wrapping it.
 
 Prints a table (median per phase), then one JSON line whose ``session_cpu_s`` is the CPU one session costs
 outside its cells and ``grading_cpu_s`` that of one grading sandbox.
@@ -58,6 +58,7 @@ class Phases:
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        self._current[name] = self._current[name]  # listed in the order phases begin, a sub-phase after its own
         wall, cpu = time.perf_counter(), machine_cpu_s()
         try:
             yield
@@ -150,14 +151,7 @@ def main() -> int:
     args = parser.parse_args()
     backend = DockerSandboxBackend(network=BENCH_NETWORK)
     phases = Phases()
-    for step, name in (
-        ("_create", "  container create (+ workspace volume)"),
-        ("_run", "  container start"),
-        ("_confine", "  network confinement"),
-        ("_wait_ready", "  kernel gateway ready"),
-    ):
-        if hasattr(backend, step):
-            phases.wrap(backend, step, name)
+    phases.wrap(backend, "_wait_ready", "  of which: until the kernel gateway answers")
     try:
         run_session(backend, args.image, 0, phases)  # the engine's and the page cache's first time: not counted
         phases.discard()
