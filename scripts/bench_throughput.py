@@ -14,7 +14,10 @@ One invocation, on the same recordings and the same machine:
 What it measures for the service: wall time from submission to the last verdict; the most sessions running at
 once (the evaluation's progress, polled each second); the CPU every container used (the Docker cgroup's
 ``cpuacct.usage``, which keeps the time of containers already removed) plus the engine's own (dockerd,
-containerd), less the cells' own CPU (each cell's ``cpu_s`` from the stored trajectories), per task; the
+containerd), less the cells' own CPU (each cell's ``cpu_s`` from the stored trajectories), per task, and the
+same from the whole machine's busy time (``/proc/stat``: also what runs outside the containers and the engine,
+the storage driver's and containerd's shims, runc, the kernel's own network namespace work; read it on an
+otherwise idle machine); the
 memory of all containers (usage less inactive file cache, sampled each second), and the executors' own per
 session in flight. It prints a table, then one JSON line.
 
@@ -36,6 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.client import GatewayClient  # noqa: E402
+from scripts.bench_lifecycle import machine_cpu_s  # noqa: E402
 from services.extraction import extract_code  # noqa: E402
 from services.recordings import read_recordings  # noqa: E402
 from services.store import ArtifactStore  # noqa: E402
@@ -149,7 +153,7 @@ def artifact_store() -> ArtifactStore:
 def run_service(client: GatewayClient, tasks: list[int], max_concurrency: int, timeout_s: float) -> dict[str, Any]:
     """Submit every task, wait for the last verdict, and measure."""
     idle_executor_mb = sum(mb for cid, mb in container_memory_mb().items() if cid in executor_ids())
-    cpu_before = engine_cpu_s()
+    cpu_before, machine_before = engine_cpu_s(), machine_cpu_s()
     started = time.monotonic()
     view = client.submit({
         "model": {"base_url": "http://replay:8000/v1", "model": "pybench-replay"},
@@ -166,7 +170,7 @@ def run_service(client: GatewayClient, tasks: list[int], max_concurrency: int, t
     wall = time.monotonic() - started
     sampler.stop.set()
     sampler.join()
-    cpu = engine_cpu_s() - cpu_before
+    cpu, machine = engine_cpu_s() - cpu_before, machine_cpu_s() - machine_before
     results = client.results(evaluation_id)
     store = artifact_store()
     cells_cpu = 0.0
@@ -187,6 +191,8 @@ def run_service(client: GatewayClient, tasks: list[int], max_concurrency: int, t
         "cpu_s": round(cpu, 1),
         "cells_cpu_s": round(cells_cpu, 1),
         "overhead_cpu_s_per_task": round((cpu - cells_cpu) / max(1, len(tasks)), 2),
+        "machine_cpu_s": round(machine, 1),
+        "machine_overhead_cpu_s_per_task": round((machine - cells_cpu) / max(1, len(tasks)), 2),
         "peak_sessions_in_flight": sampler.peak_running,
         "peak_memory_mb": round(sampler.peak_memory_mb),
         "executor_mb_per_session": round(max(0.0, sampler.executor_mb_at_peak - idle_executor_mb) / peak, 1),
@@ -311,6 +317,8 @@ def main() -> int:
         "infra_errors": [instant["infra_errors"], slow["infra_errors"]],
         "graded_differently": differ,
         "overhead_cpu_s_per_task": instant["overhead_cpu_s_per_task"],
+        "machine_overhead_cpu_s_per_task": instant.get("machine_overhead_cpu_s_per_task"),
+        "machine_cpu_s": instant.get("machine_cpu_s"),
         "cpu_s": instant["cpu_s"],
         "cells_cpu_s": instant["cells_cpu_s"],
         "peak_sessions_in_flight": max(instant["peak_sessions_in_flight"], slow["peak_sessions_in_flight"]),
