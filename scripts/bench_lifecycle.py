@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from executor.kernel import KernelClient  # noqa: E402
-from executor.pool import prewarm_code  # noqa: E402
+from executor.pool import WarmSandbox, discard, prewarm_code, start_sandbox  # noqa: E402
 from executor.sandboxes.base import SandboxSpec  # noqa: E402
 from executor.sandboxes.docker import DockerSandboxBackend  # noqa: E402
 from grader.check_sandbox import run_file_checks  # noqa: E402
@@ -117,25 +117,21 @@ def run_session(backend: DockerSandboxBackend, image: str, attempt: int, phases:
             tree = backend.get_tree(handle, f"{WORKSPACE}/output")
     finally:
         with phases.phase("teardown"):
-            kernel.close()
-            backend.stop(handle)
+            discard(backend, WarmSandbox(handle, kernel, warm=False))
     return tree.files
 
 
 def idle_cpu_per_s(backend: DockerSandboxBackend, image: str, seconds: float) -> float:
     """Machine CPU per second while one started sandbox (kernel started, probe installed) waits on nothing."""
-    handle = backend.start(SandboxSpec(BENCH_EVALUATION, 2, 1, image=image))
-    kernel = KernelClient(handle.url, handle.token, probe_scope=backend.telemetry_scope)
+    sandbox = start_sandbox(backend, SandboxSpec(BENCH_EVALUATION, 2, 1, image=image))
     try:
-        kernel.start()
-        kernel.execute("1", timeout_s=60)
+        sandbox.kernel.execute("1", timeout_s=60)
         time.sleep(1.0)
         quiet = machine_cpu_s()
         time.sleep(seconds)
         with_sandbox = (machine_cpu_s() - quiet) / seconds
     finally:
-        kernel.close()
-        backend.stop(handle)
+        discard(backend, sandbox)
     time.sleep(1.0)
     quiet = machine_cpu_s()
     time.sleep(seconds)

@@ -134,9 +134,7 @@ class DockerSandboxBackend(SandboxBackend):
         tmpfs = f"rw,nosuid,nodev,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,size={spec.tmp_mb}m"
         try:
             self.ensure_network()
-            # The entrypoint confines the network as root with ``_CONFINE_CAPABILITIES`` only, then becomes the
-            # sandbox user with none in any set before the gateway starts (see ``_CONFINE_ENTRYPOINT``).
-            entrypoint = [_CONFINE_ENTRYPOINT, self._confined_peer()]  # before the volume: nothing to undo
+            entrypoint = [_CONFINE_ENTRYPOINT, self.peer_address()]  # before the volume: nothing to undo
             self.client.volumes.create(
                 name,
                 driver="local",
@@ -208,7 +206,8 @@ class DockerSandboxBackend(SandboxBackend):
         it runs in a container attached to it, as in compose), else the network's gateway (the host).
 
         Raises:
-            SandboxStartError: neither is known (a network without IPAM gateway, an executor not attached).
+            SandboxStartError: neither is known (a network without IPAM gateway, an executor not attached), or
+                what the engine gave is not an IP address.
         """
         if self._peer is None:
             own = None
@@ -216,7 +215,7 @@ class DockerSandboxBackend(SandboxBackend):
                 own = self.client.containers.get(socket.gethostname())
             networks = own.attrs["NetworkSettings"]["Networks"] if own is not None else {}
             if self.network in networks and networks[self.network].get("IPAddress"):
-                self._peer = str(networks[self.network]["IPAddress"])
+                peer = str(networks[self.network]["IPAddress"])
             else:
                 configs = self.client.networks.get(self.network).attrs.get("IPAM", {}).get("Config") or [{}]
                 gateway = configs[0].get("Gateway")
@@ -225,20 +224,14 @@ class DockerSandboxBackend(SandboxBackend):
                         f"network {self.network} has no gateway address and this executor is not attached to it: "
                         "recreate the network with `docker network rm` (the executor creates it again)"
                     )
-                self._peer = str(gateway)
+                peer = str(gateway)
+            try:  # it becomes an argument of the sandbox's entrypoint: one address, nothing else
+                self._peer = str(ipaddress.ip_address(peer))
+            except ValueError as exc:
+                raise SandboxStartError(
+                    f"the executor's address on {self.network} is not an IP address: {peer!r}"
+                ) from exc
         return self._peer
-
-    def _confined_peer(self) -> str:
-        """The executor's address as the confining entrypoint's argument (checked to be one address).
-
-        Raises:
-            SandboxStartError: the peer is unknown or not an IP address.
-        """
-        peer = self.peer_address()
-        try:
-            return str(ipaddress.ip_address(peer))
-        except ValueError as exc:
-            raise SandboxStartError(f"the executor's address on {self.network} is not an IP address: {peer!r}") from exc
 
     def _wait_ready(self, container: Any, handle: SandboxHandle, timeout_s: float) -> None:
         """Ask the kernel gateway for ``/api`` until it answers, looking at the container's state (an engine
