@@ -132,3 +132,28 @@ def test_compose_and_kubernetes_run_this_check() -> None:
             for container in document["spec"]["template"]["spec"]["containers"]
         ]
         assert probes == [["python3", "-I", "-S", "/app/services/health.py", "redis"]]
+
+
+def _seconds(duration: str) -> float:
+    """A compose duration of the form the file uses (``30s``, ``2m``, ``1m30s``) in seconds."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0}
+    total, number = 0.0, ""
+    for char in duration:
+        if char.isdigit() or char == ".":
+            number += char
+        else:
+            total, number = total + float(number) * units[char], ""
+    assert number == "", f"duration {duration!r} has no unit"
+    return total
+
+
+def test_the_stacks_checks_are_sparse() -> None:
+    # Each check is an exec the engine pays for: every 30 s or less often, except Redis's, which the services
+    # wait on to start, at most one every 5 s.
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    for service in ("gateway", "executor", "grader", "replay"):
+        health = compose[service]["healthcheck"]
+        assert _seconds(health["interval"]) >= 30, service
+        assert _seconds(health["start_period"]) >= _seconds(health["interval"]), service
+    assert _seconds(compose["redis"]["healthcheck"]["interval"]) >= 5
+    assert _seconds("1m30s") == 90
