@@ -30,11 +30,13 @@ log = logging.getLogger(__name__)
 POOL_EVALUATION = "warm-pool"
 """The evaluation label of sandboxes started ahead of the task they will serve."""
 
-DEFAULT_WARM_IMPORTS = ("numpy", "pandas")
-"""Modules a warm kernel imports before any task, unless ``PBE_WARM_IMPORTS`` says otherwise. pandas (with numpy)
-is what PyBench's cells use most (65 of the 135 recorded sessions). matplotlib.pyplot is left to the cells that
-use it (18 of 135): importing it costs a sandbox about 0.5 CPU-seconds, which every other session would pay for
-nothing while the machine's cores are what bounds a suite's run."""
+DEFAULT_WARM_IMPORTS: tuple[str, ...] = ()
+"""Modules a warm kernel imports before any task, unless ``PBE_WARM_IMPORTS`` says otherwise: none. An import done
+ahead is paid by every sandbox, and saves only the sessions that use it. pandas (with numpy), which PyBench's cells
+use most, is imported by 65 of the 135 recorded sessions and costs a sandbox about 0.4 CPU-seconds; matplotlib.pyplot
+(18 of 135) about 0.5. While the machine's cores bound a suite's run, each costs more than it saves; where the model's
+latency bounds it (a GPU server, a hosted API) and the cores idle, ``PBE_WARM_IMPORTS=numpy,pandas`` takes the import
+off the first cell that needs it."""
 
 PREWARM_TIMEOUT_S = 60.0
 """How long a warm kernel may take to import its warm imports. A start under way is waited for up to the

@@ -7,8 +7,9 @@ from executor.pool import DEFAULT_WARM_IMPORTS, prewarm_code
 from executor.settings import ExecutorSettings
 
 
-def test_the_warm_imports_default_to_numpy_and_pandas() -> None:
-    assert ExecutorSettings().warm_imports == DEFAULT_WARM_IMPORTS == ("numpy", "pandas")
+def test_the_warm_imports_default_to_none() -> None:
+    assert ExecutorSettings().warm_imports == DEFAULT_WARM_IMPORTS == ()
+    assert prewarm_code(DEFAULT_WARM_IMPORTS) == "exec('', {})"
 
 
 @pytest.mark.parametrize(
