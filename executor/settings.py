@@ -15,7 +15,7 @@ from executor.sandboxes.base import (
     SandboxSpec,
 )
 from services.k8s_pods import DEFAULT_NAMESPACE as DEFAULT_K8S_NAMESPACE
-from services.sandbox import DEFAULT_SANDBOX_IMAGE
+from services.sandbox import DEFAULT_SANDBOX_IMAGE, RuntimeVolumeMode
 from services.settings import ServiceSettings
 
 DEFAULT_SESSIONS_PER_WORKER = 16
@@ -48,6 +48,9 @@ class ExecutorSettings(ServiceSettings):
     subprocess, no isolation: development only)."""
     SANDBOX_IMAGE: str = DEFAULT_SANDBOX_IMAGE
     SANDBOX_NETWORK: str = DEFAULT_SANDBOX_NETWORK
+    SANDBOX_RUNTIME_VOLUME: RuntimeVolumeMode = "auto"
+    """Serve the image's ``/opt/venv`` to Docker sandboxes from a read-only volume: ``auto`` (where the engine's
+    storage driver is FUSE), ``on`` or ``off`` (``services.docker_runtime``)."""
     SANDBOX_MEMORY_MB: int = DEFAULT_MEMORY_MB
     SANDBOX_CPUS: float = DEFAULT_CPUS
     SANDBOX_PIDS: int = DEFAULT_PIDS

@@ -30,7 +30,10 @@ def file_check_backend(settings: GraderSettings | None = None) -> FileCheckBacke
         return runner
     from grader import check_sandbox
 
-    return check_sandbox.run_file_checks
+    docker_runner: FileCheckBackend = functools.partial(
+        check_sandbox.run_file_checks, runtime_volume=settings.SANDBOX_RUNTIME_VOLUME
+    )
+    return docker_runner
 
 
 def reap_grading_sandboxes(older_than_s: float, settings: GraderSettings | None = None) -> list[str]:

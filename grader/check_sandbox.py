@@ -7,7 +7,8 @@ loads here) that runs ``grader/file_checks.py`` with the image's Python and prin
 
 The container is hardened like the session sandboxes (``executor.sandboxes.docker``): no network at all
 (``network_mode=none``), user 1000, every capability dropped, ``no-new-privileges``, a read-only root, a
-size-capped tmpfs ``/tmp``, memory (no swap), CPU and process limits, an environment with nothing of the
+size-capped tmpfs ``/tmp``, the image's ``/opt/venv`` from a read-only volume where the engine's storage driver is
+FUSE (``services.docker_runtime``), memory (no swap), CPU and process limits, an environment with nothing of the
 grader's in it. The files, ``file_checks.py`` (with ``model_loader.py``) and the request go into a volume of its
 own before it starts (a read-only root refuses copies anywhere else, and a tmpfs volume would drop them before the
 start): the
@@ -33,6 +34,7 @@ import docker.errors
 import requests
 
 from grader import file_checks
+from services.docker_runtime import RuntimeVolumes
 from services.errors import SandboxStartError
 from services.sandbox import (
     DEFAULT_SANDBOX_IMAGE,
@@ -41,6 +43,7 @@ from services.sandbox import (
     PROJECT,
     PROJECT_LABEL,
     ROLE_LABEL,
+    RuntimeVolumeMode,
     docker_created_epoch,
 )
 from services.verdict import CheckResult
@@ -92,6 +95,7 @@ def run_file_checks(
     image: str = DEFAULT_SANDBOX_IMAGE,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     client: Any = None,
+    runtime_volume: RuntimeVolumeMode = "auto",
 ) -> list[CheckResult]:
     """Run ``checks`` (kinds of ``grader.file_checks``) on ``files`` in a fresh grading sandbox.
 
@@ -105,6 +109,7 @@ def run_file_checks(
             ``file_checks.py``).
         timeout_s: how long the checks may run once the container has started.
         client: a ``docker.DockerClient`` (default: from the environment).
+        runtime_volume: serve the image's ``/opt/venv`` from a read-only volume (``services.docker_runtime``).
 
     Returns:
         One result per check, in order. A check that crashed, a garbled or missing answer, a sandbox that ran
@@ -123,7 +128,8 @@ def run_file_checks(
     try:
         try:
             engine.api.create_volume(name, driver="local", labels=GRADING_LABELS)
-            container_id = _create(engine, image, name)
+            source, mounts = RuntimeVolumes(engine, runtime_volume).mounts(image)
+            container_id = _create(engine, source, name, mounts)
             if not engine.api.put_archive(container_id, MOUNT, archive):
                 raise SandboxStartError(f"the Docker engine refused the files of grading sandbox {name}")
             engine.api.start(container_id)
@@ -145,10 +151,11 @@ def _engine(client: Any) -> Any:
         raise SandboxStartError(f"cannot reach the Docker engine: {exc}; is DOCKER_HOST right?") from exc
 
 
-def _create(engine: Any, image: str, name: str) -> str:
+def _create(engine: Any, image: str, name: str, mounts: list[Any]) -> str:
     tmpfs = f"rw,nosuid,nodev,noexec,size={DEFAULT_TMP_MB}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0700"
     host_config = engine.api.create_host_config(
         binds={name: {"bind": MOUNT, "mode": "rw"}},
+        mounts=mounts,
         network_mode="none",
         cap_drop=["ALL"],
         security_opt=["no-new-privileges"],

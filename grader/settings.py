@@ -3,7 +3,7 @@
 from typing import Literal
 
 from services.k8s_pods import DEFAULT_NAMESPACE as DEFAULT_K8S_NAMESPACE
-from services.sandbox import DEFAULT_SANDBOX_IMAGE
+from services.sandbox import DEFAULT_SANDBOX_IMAGE, RuntimeVolumeMode
 from services.settings import ServiceSettings
 
 
@@ -12,6 +12,9 @@ class GraderSettings(ServiceSettings):
 
     SANDBOX_IMAGE: str = DEFAULT_SANDBOX_IMAGE
     """The image whose containers run the checks that open produced files (the sessions' own sandbox image)."""
+    SANDBOX_RUNTIME_VOLUME: RuntimeVolumeMode = "auto"
+    """Serve the image's ``/opt/venv`` to grading containers from a read-only volume: ``auto`` (where the engine's
+    storage driver is FUSE), ``on`` or ``off`` (``services.docker_runtime``)."""
     GRADING_TIMEOUT_S: float = 120.0
     """How long the checks of one session may run in their sandbox before it is killed (they then fail)."""
     GRADING_BACKEND: Literal["docker", "kubernetes"] = "docker"

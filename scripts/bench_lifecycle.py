@@ -144,8 +144,11 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--image", default=DEFAULT_SANDBOX_IMAGE)
+    parser.add_argument(
+        "--runtime-volume", choices=["auto", "on", "off"], default="auto", help="PBE_SANDBOX_RUNTIME_VOLUME's choice"
+    )
     args = parser.parse_args()
-    backend = DockerSandboxBackend(network=BENCH_NETWORK)
+    backend = DockerSandboxBackend(network=BENCH_NETWORK, runtime_volume=args.runtime_volume)
     phases = Phases()
     phases.wrap(backend, "_wait_ready", "  of which: until the kernel gateway answers")
     try:
@@ -158,6 +161,7 @@ def main() -> int:
                     [{"kind": "csv_no_nulls", "path": "./output/1.csv"}],
                     {f"output/{name}": data for name, data in files.items()},
                     image=args.image,
+                    runtime_volume=args.runtime_volume,
                 )
             if not results or results[0].passed is None:
                 raise SystemExit(f"the grading sandbox did not grade: {results}")
@@ -177,6 +181,7 @@ def main() -> int:
     figures = {
         "bench": "lifecycle",
         "sessions": args.sessions,
+        "runtime_volume": backend.runtime.enabled(),
         "session_cpu_s": round(statistics.median(outside_cells), 3),
         "grading_cpu_s": round(medians["grading sandbox"][1], 3),
         "start_cpu_s": round(medians["sandbox start (total)"][1], 3),

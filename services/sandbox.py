@@ -10,12 +10,24 @@ need lives here.
 
 import secrets
 from datetime import UTC, datetime
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
 DEFAULT_SANDBOX_IMAGE = "pybench-eval/sandbox:latest"
 """The image sessions run in, and grading checks open produced files in (``make images`` builds it from
 ``executor/image/``)."""
+
+RuntimeVolumeMode = Literal["auto", "on", "off"]
+"""Whether Docker sandboxes read the image's ``/opt/venv`` from a read-only volume (``services.docker_runtime``):
+``auto`` where the engine's storage driver is FUSE, ``on``, ``off``."""
+
+RUNTIME_COPY_ROLE = "sandbox-runtime"
+"""The role of a volume that holds a copy of an image's ``/opt/venv`` (``services.docker_runtime``)."""
+RUNTIME_MARKER_ROLE = "sandbox-runtime-marker"
+"""The role of the volume that names an image's published copy."""
+RUNTIME_ROLES = frozenset({RUNTIME_COPY_ROLE, RUNTIME_MARKER_ROLE})
+"""Volumes made once per image for every sandbox to come: never a session's leftovers."""
 
 WORKSPACE = "/workspace"
 """The sandbox's working directory: the kernel runs here, inputs go to ``./data``, results to ``./output``;

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gateway.settings import GatewaySettings
-from services.sandbox import PROJECT, PROJECT_LABEL
+from services.sandbox import PROJECT, PROJECT_LABEL, ROLE_LABEL, RUNTIME_ROLES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,6 +47,8 @@ def sandbox_objects(**labels: str) -> dict[tuple[str, str], dict[str, str]]:
     for container in engine.api.containers(all=True, filters={"label": wanted}):
         found["container", container["Names"][0].lstrip("/")] = dict(container.get("Labels") or {})
     for volume in engine.api.volumes(filters={"label": wanted}).get("Volumes") or []:
+        if (volume.get("Labels") or {}).get(ROLE_LABEL) in RUNTIME_ROLES:
+            continue  # the image's runtime copy: made once for every sandbox to come, not left behind
         found["volume", volume["Name"]] = dict(volume.get("Labels") or {})
     engine.close()
     return found

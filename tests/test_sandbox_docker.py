@@ -11,6 +11,7 @@ import pytest
 from executor.kernel import KernelClient
 from executor.sandboxes.base import SandboxSpec
 from executor.sandboxes.docker import DockerSandboxBackend
+from services.docker_runtime import RUNTIME_PATH
 from services.errors import SandboxStartError, SandboxUnavailableError
 from services.sandbox import (
     DEFAULT_SANDBOX_IMAGE,
@@ -45,6 +46,18 @@ def kernel(sandbox: SandboxHandle) -> Iterator[KernelClient]:
     client.start()
     yield client
     client.close()
+
+
+def test_the_python_environment_is_the_images_read_only(backend: DockerSandboxBackend, sandbox: SandboxHandle) -> None:
+    engine = docker.from_env()
+    container = engine.containers.get(sandbox.sandbox_id)
+    mounts = {mount["Destination"]: mount for mount in container.attrs["Mounts"]}
+    if not backend.runtime.enabled():  # an engine whose storage is not FUSE: the image's own files
+        assert RUNTIME_PATH not in mounts
+        return
+    assert mounts[RUNTIME_PATH]["Type"] == "volume" and mounts[RUNTIME_PATH]["RW"] is False
+    assert mounts[RUNTIME_PATH]["Name"] == backend.runtime.copy_for(engine.images.get(SANDBOX_IMAGE).id)
+    assert container.attrs["Image"] == engine.images.get(SANDBOX_IMAGE).id  # created from the copy's image
 
 
 def test_sandbox_runs_as_labelled_unprivileged_container_on_internal_network(

@@ -1,16 +1,18 @@
 """The Docker backend: one container per session, from the sandbox image, on an internal network.
 
 Each container runs ``jupyter kernelgateway`` as an unprivileged user with every capability dropped,
-``no-new-privileges``, memory (no swap), CPU and process limits, a read-only root filesystem, and no network
-but an internal bridge that has no route out (the executor reaches the gateway by the container's address on
-that bridge). What it may write is size-capped and in memory: ``/tmp`` and its home are tmpfs mounts, and
-``/workspace`` is a tmpfs-backed volume of its own (a volume, so files can be copied in and out of it while
-the root stays read-only). Its routing table holds one route, to the executor (``_CONFINE_ENTRYPOINT``): no
-default route, and no way to another sandbox on the shared bridge. Its only environment variable is its own gateway
-token. Every container carries the labels
-``pybench-eval.role=sandbox``, ``pybench-eval.evaluation``, ``.task`` and ``.attempt``, and a name that
-starts with ``pbe-sbx-`` (``services.sandbox``), so ``reap`` finds what a crashed worker left behind; its
-workspace volume and the network carry the project label and roles of their own.
+``no-new-privileges``, memory (no swap), CPU and process limits, a read-only root filesystem, and no network but an
+internal bridge that has no route out (the executor reaches the gateway by the container's address on that bridge).
+What it may write is size-capped and in memory: ``/tmp`` and its home are tmpfs mounts, and ``/workspace`` is a
+tmpfs-backed volume of its own (a volume, so files can be copied in and out of it while the root stays read-only).
+Where the engine's storage driver is FUSE, its ``/opt/venv`` (the kernel gateway, the kernel and the scientific
+stack) is the image's own, copied once into a volume and mounted read-only (``services.docker_runtime``): the
+imports then do not go through a FUSE daemon. Its routing table holds one route, to the executor
+(``_CONFINE_ENTRYPOINT``): no default route, and no way to another sandbox on the shared bridge. Its only
+environment variable is its own gateway token. Every container carries the labels ``pybench-eval.role=sandbox``,
+``pybench-eval.evaluation``, ``.task`` and ``.attempt``, and a name that starts with ``pbe-sbx-``
+(``services.sandbox``), so ``reap`` finds what a crashed worker left behind; its workspace volume and the network
+carry the project label and roles of their own.
 """
 
 import contextlib
@@ -39,6 +41,7 @@ from executor.sandboxes.base import (
     collect_tar,
     one_file_archive,
 )
+from services.docker_runtime import RuntimeVolumes
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
 from services.sandbox import (
     PROJECT,
@@ -46,6 +49,7 @@ from services.sandbox import (
     ROLE_LABEL,
     SANDBOX_ROLE,
     WORKSPACE,
+    RuntimeVolumeMode,
     SandboxHandle,
     docker_created_epoch,
     reap_selector,
@@ -80,9 +84,11 @@ class DockerSandboxBackend(SandboxBackend):
     name = "docker"
     telemetry_scope = "cgroup"
 
-    def __init__(self, network: str, client: Any = None) -> None:
+    def __init__(self, network: str, client: Any = None, runtime_volume: RuntimeVolumeMode = "auto") -> None:
         self.network = network
         self._client = client
+        self._runtime_mode = runtime_volume
+        self._runtime: RuntimeVolumes | None = None
         self._peer: str | None = None
         self._network_lock = threading.Lock()
         self._network_ready = False
@@ -95,6 +101,13 @@ class DockerSandboxBackend(SandboxBackend):
             except docker.errors.DockerException as exc:
                 raise SandboxStartError(f"cannot reach the Docker engine: {exc}; is DOCKER_HOST right?") from exc
         return self._client
+
+    @property
+    def runtime(self) -> RuntimeVolumes:
+        """The image's ``/opt/venv`` served from a read-only volume (``services.docker_runtime``)."""
+        if self._runtime is None:
+            self._runtime = RuntimeVolumes(self.client, self._runtime_mode)
+        return self._runtime
 
     def problem(self) -> str | None:
         try:
@@ -135,6 +148,7 @@ class DockerSandboxBackend(SandboxBackend):
         try:
             self.ensure_network()
             entrypoint = [_CONFINE_ENTRYPOINT, self.peer_address()]  # before the volume: nothing to undo
+            image, runtime_mounts = self.runtime.mounts(spec.image)
             self.client.volumes.create(
                 name,
                 driver="local",
@@ -147,7 +161,7 @@ class DockerSandboxBackend(SandboxBackend):
             )
             # create + start, never run: run pulls a missing image, and sandboxes never reach a registry.
             container = self.client.containers.create(
-                spec.image,
+                image,
                 name=name,
                 labels=labels,
                 environment={"KG_AUTH_TOKEN": token},
@@ -166,6 +180,7 @@ class DockerSandboxBackend(SandboxBackend):
                 dns=["127.0.0.1"],
                 tmpfs={"/tmp": tmpfs, SANDBOX_HOME: tmpfs},
                 volumes={name: {"bind": WORKSPACE, "mode": "rw"}},
+                mounts=runtime_mounts,
                 init=False,
             )
         except docker.errors.ImageNotFound as exc:

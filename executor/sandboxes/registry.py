@@ -10,7 +10,7 @@ from services.errors import ConfigurationError
 def _docker(settings: ExecutorSettings) -> SandboxBackend:
     from executor.sandboxes.docker import DockerSandboxBackend
 
-    return DockerSandboxBackend(network=settings.SANDBOX_NETWORK)
+    return DockerSandboxBackend(network=settings.SANDBOX_NETWORK, runtime_volume=settings.SANDBOX_RUNTIME_VOLUME)
 
 
 def _local(settings: ExecutorSettings) -> SandboxBackend:

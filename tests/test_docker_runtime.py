@@ -1,0 +1,133 @@
+"""The image's /opt/venv served from a read-only volume: one copy per image however many workers ask at once, the
+image's files in it, read-only in the container, and copies of removed images removed. Real engine, small images
+made here (a tar of a few files, imported: no shell, no registry)."""
+
+import io
+import secrets
+import tarfile
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import docker.client
+import docker.errors
+import pytest
+
+from services.docker_runtime import (
+    COPY_LABEL,
+    FUSE_DRIVERS,
+    IMAGE_LABEL,
+    RUNTIME_PATH,
+    RuntimeVolumes,
+    marker_name,
+)
+from services.sandbox import ROLE_LABEL, RUNTIME_COPY_ROLE
+
+pytestmark = pytest.mark.docker
+
+
+def _import_image(client: Any, stamp: str) -> str:
+    """An image of two files under /opt/venv, tagged for this test; returns its id."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as tar:
+        for name, content in (("opt/venv/stamp", stamp.encode()), ("opt/venv/lib/module.py", b"VALUE = 1\n")):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(content), 0o644
+            tar.addfile(info, io.BytesIO(content))
+    tag = f"pbe-test-runtime-{stamp}"
+    client.api.import_image_from_data(data.getvalue(), repository=tag, tag="latest")
+    return str(client.images.get(f"{tag}:latest").id)
+
+
+def _volumes_of(client: Any, image_id: str) -> list[Any]:
+    return list(client.volumes.list(filters={"label": [f"{IMAGE_LABEL}={image_id}"]}))
+
+
+def _read(client: Any, image_id: str, mounts: list[Any], path: str) -> bytes:
+    """A file as a container of ``image_id`` with ``mounts`` sees it (created, never started)."""
+    container = client.api.create_container(
+        image_id, command=["none"], host_config=client.api.create_host_config(mounts=mounts, network_mode="none")
+    )
+    try:
+        stream, _ = client.api.get_archive(container["Id"], path)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.extractfile(tar.getmembers()[0])
+            assert member is not None
+            return member.read()
+    finally:
+        client.api.remove_container(container["Id"], force=True)
+
+
+@pytest.fixture()
+def client() -> Iterator[Any]:
+    engine = docker.client.from_env()
+    yield engine
+    engine.close()
+
+
+@pytest.fixture()
+def image(client: Any) -> Iterator[str]:
+    image_id = _import_image(client, secrets.token_hex(4))
+    yield image_id
+    for volume in _volumes_of(client, image_id):
+        volume.remove(force=True)
+    client.images.remove(image_id, force=True)
+
+
+def test_workers_asking_at_once_share_one_copy_of_the_images_files(client: Any, image: str) -> None:
+    workers = [RuntimeVolumes(client, "on") for _ in range(3)]
+    found: list[str] = []
+    threads = [threading.Thread(target=lambda w=worker: found.append(w.copy_for(image))) for worker in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(found) == 3 and len(set(found)) == 1  # every worker uses the published copy
+    copies = [v for v in _volumes_of(client, image) if v.attrs["Labels"][ROLE_LABEL] == RUNTIME_COPY_ROLE]
+    assert [v.name for v in copies] == found[:1]  # the losers removed theirs
+    marker = client.volumes.get(marker_name(image))
+    assert marker.attrs["Labels"][COPY_LABEL] == found[0]
+    # A worker that starts later finds it, and remembers it.
+    source, mounts = RuntimeVolumes(client, "on").mounts(image)
+    assert source == image and len(mounts) == 1
+    assert mounts[0]["Target"] == RUNTIME_PATH and mounts[0]["ReadOnly"] is True
+    assert mounts[0]["Source"] == found[0] and mounts[0]["VolumeOptions"]["NoCopy"] is True
+    stamp = client.images.get(image).tags[0].split("pbe-test-runtime-")[1].split(":")[0]
+    assert _read(client, image, mounts, f"{RUNTIME_PATH}/stamp") == stamp.encode()
+    assert _read(client, image, mounts, f"{RUNTIME_PATH}/lib/module.py") == b"VALUE = 1\n"
+
+
+def test_the_copy_is_read_only_in_the_container(client: Any, image: str) -> None:
+    _, mounts = RuntimeVolumes(client, "on").mounts(image)
+    container = client.api.create_container(
+        image, command=["none"], host_config=client.api.create_host_config(mounts=mounts, network_mode="none")
+    )
+    try:
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            tar.addfile(tarfile.TarInfo("planted"), io.BytesIO(b""))
+        with pytest.raises(docker.errors.APIError, match="read-only"):
+            client.api.put_archive(container["Id"], RUNTIME_PATH, archive.getvalue())
+    finally:
+        client.api.remove_container(container["Id"], force=True)
+
+
+def test_off_mounts_nothing_and_auto_follows_the_storage_driver(client: Any, image: str) -> None:
+    assert RuntimeVolumes(client, "off").mounts(image) == (image, [])
+    assert RuntimeVolumes(client, "auto").enabled() is (client.info()["Driver"] in FUSE_DRIVERS)
+    assert _volumes_of(client, image) == []  # off made nothing
+
+
+def test_a_missing_image_is_said_to_be_missing(client: Any) -> None:
+    with pytest.raises(docker.errors.ImageNotFound):
+        RuntimeVolumes(client, "on").mounts("pbe-test-runtime-never-built:latest")
+
+
+def test_copies_of_removed_images_go_when_a_new_copy_is_made(client: Any, image: str) -> None:
+    old = _import_image(client, secrets.token_hex(4))
+    RuntimeVolumes(client, "on").copy_for(old)
+    assert len(_volumes_of(client, old)) == 2  # the copy and its marker
+    client.images.remove(old, force=True)
+    RuntimeVolumes(client, "on").copy_for(image)
+    assert _volumes_of(client, old) == []
+    assert len(_volumes_of(client, image)) == 2
