@@ -122,7 +122,15 @@ class RuntimeVolumes:
         except docker.errors.NotFound:
             return None
         copy = (marker.attrs.get("Labels") or {}).get(COPY_LABEL)
-        return str(copy) if copy else None
+        if copy:
+            try:
+                self.client.volumes.get(copy)
+                return str(copy)
+            except docker.errors.NotFound:  # removed by hand: mounting it would make an empty one
+                log.warning("the runtime copy %s of image %s is gone: making it again", copy, image_id)
+        with contextlib.suppress(*_DOCKER_ERRORS):
+            self.client.api.remove_volume(marker.name)
+        return None
 
     def _publish(self, image_id: str) -> str:
         labels = {PROJECT_LABEL: PROJECT, IMAGE_LABEL: image_id}

@@ -131,3 +131,11 @@ def test_copies_of_removed_images_go_when_a_new_copy_is_made(client: Any, image:
     RuntimeVolumes(client, "on").copy_for(image)
     assert _volumes_of(client, old) == []
     assert len(_volumes_of(client, image)) == 2
+
+
+def test_a_copy_removed_by_hand_is_made_again(client: Any, image: str) -> None:
+    first = RuntimeVolumes(client, "on").copy_for(image)
+    client.volumes.get(first).remove(force=True)  # the marker stays, naming a volume that is gone
+    second = RuntimeVolumes(client, "on").copy_for(image)
+    assert second != first and client.volumes.get(second).name == second
+    assert client.volumes.get(marker_name(image)).attrs["Labels"][COPY_LABEL] == second
