@@ -137,16 +137,21 @@ class RuntimeVolumes:
         copy = f"{marker_name(image_id)}-{secrets.token_hex(4)}"
         self.client.volumes.create(copy, driver="local", labels={**labels, ROLE_LABEL: RUNTIME_COPY_ROLE})
         # The engine copies the image's files into an empty volume when a container that mounts it is created.
-        filler = self.client.api.create_container(
-            image_id,
-            entrypoint=["true"],
-            network_disabled=True,
-            host_config=self.client.api.create_host_config(
-                mounts=[Mount(RUNTIME_PATH, copy, type="volume")], network_mode="none"
-            ),
-            labels=labels,
-        )
-        self.client.api.remove_container(filler["Id"], force=True)
+        try:
+            filler = self.client.api.create_container(
+                image_id,
+                entrypoint=["true"],
+                network_disabled=True,
+                host_config=self.client.api.create_host_config(
+                    mounts=[Mount(RUNTIME_PATH, copy, type="volume")], network_mode="none"
+                ),
+                labels=labels,
+            )
+            self.client.api.remove_container(filler["Id"], force=True)
+        except BaseException:  # a copy cut short (a full disk) is never published: remove it
+            with contextlib.suppress(*_DOCKER_ERRORS):
+                self.client.api.remove_volume(copy, force=True)
+            raise
         marker = self.client.volumes.create(
             marker_name(image_id), driver="local", labels={**labels, ROLE_LABEL: RUNTIME_MARKER_ROLE, COPY_LABEL: copy}
         )

@@ -139,3 +139,10 @@ def test_a_copy_removed_by_hand_is_made_again(client: Any, image: str) -> None:
     second = RuntimeVolumes(client, "on").copy_for(image)
     assert second != first and client.volumes.get(second).name == second
     assert client.volumes.get(marker_name(image)).attrs["Labels"][COPY_LABEL] == second
+
+
+def test_a_copy_that_cannot_be_made_leaves_nothing(client: Any) -> None:
+    gone = "sha256:" + "0" * 64  # no such image: the copy's filler cannot be created
+    with pytest.raises(docker.errors.DockerException):
+        RuntimeVolumes(client, "on").copy_for(gone)
+    assert _volumes_of(client, gone) == []

@@ -30,13 +30,14 @@ def _pool_containers() -> list[object]:
 
 
 def test_a_warm_sandbox_is_handed_out_once_with_libraries_imported(backend: DockerSandboxBackend) -> None:
-    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=IMAGE))
+    # PBE_WARM_IMPORTS=numpy,pandas (the default imports nothing ahead).
+    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=IMAGE), imports=("numpy", "pandas"))
     try:
         assert pool.wait_ready(120), pool.last_error
         first = pool.take(SandboxSpec(EVALUATION, 1, 1, image=IMAGE))
         assert first.warm
-        # The default warm imports (numpy and pandas) are loaded, matplotlib is left to the cells that use it, and
-        # the model's namespace holds none of them.
+        # The warm imports are loaded, matplotlib is left to the cells that use it, and the model's namespace holds
+        # none of them.
         execution, output = first.kernel.execute(
             "import sys\nprint('pandas' in sys.modules, 'matplotlib.pyplot' in sys.modules, 'pandas' in dir(), "
             "'np' in dir())",
