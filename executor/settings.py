@@ -49,8 +49,8 @@ class ExecutorSettings(ServiceSettings):
     SANDBOX_IMAGE: str = DEFAULT_SANDBOX_IMAGE
     SANDBOX_NETWORK: str = DEFAULT_SANDBOX_NETWORK
     SANDBOX_RUNTIME_VOLUME: RuntimeVolumeMode = "auto"
-    """Serve the image's ``/opt/venv`` to Docker sandboxes from a read-only volume: ``auto`` (where the engine's
-    storage driver is FUSE), ``on`` or ``off`` (``services.docker_runtime``)."""
+    """Serve the image's ``/opt/venv`` and ``/usr`` to Docker sandboxes from read-only volumes: ``auto`` (where the
+    engine's storage driver is FUSE), ``on`` or ``off`` (``services.docker_runtime``)."""
     SANDBOX_MEMORY_MB: int = DEFAULT_MEMORY_MB
     SANDBOX_CPUS: float = DEFAULT_CPUS
     SANDBOX_PIDS: int = DEFAULT_PIDS

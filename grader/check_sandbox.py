@@ -7,9 +7,9 @@ loads here) that runs ``grader/file_checks.py`` with the image's Python and prin
 
 The container is hardened like the session sandboxes (``executor.sandboxes.docker``): no network at all
 (``network_mode=none``), user 1000, every capability dropped, ``no-new-privileges``, a read-only root, a
-size-capped tmpfs ``/tmp``, the image's ``/opt/venv`` from a read-only volume where the engine's storage driver is
-FUSE (``services.docker_runtime``), memory (no swap), CPU and process limits, an environment with nothing of the
-grader's in it. The files, ``file_checks.py`` (with ``model_loader.py``) and the request go into a volume of its
+size-capped tmpfs ``/tmp``, the image's ``/opt/venv`` and ``/usr`` from read-only volumes where the engine's storage
+driver is FUSE (``services.docker_runtime``), memory (no swap), CPU and process limits, an environment with nothing of
+the grader's in it. The files, ``file_checks.py`` (with ``model_loader.py``) and the request go into a volume of its
 own before it starts (a read-only root refuses copies anywhere else, and a tmpfs volume would drop them before the
 start): the
 copied tree belongs to root, so the sandbox can read it but not write to it or fill the disk. The container
@@ -109,7 +109,8 @@ def run_file_checks(
             ``file_checks.py``).
         timeout_s: how long the checks may run once the container has started.
         client: a ``docker.DockerClient`` (default: from the environment).
-        runtime_volume: serve the image's ``/opt/venv`` from a read-only volume (``services.docker_runtime``).
+        runtime_volume: serve the image's ``/opt/venv`` and ``/usr`` from read-only volumes
+            (``services.docker_runtime``).
 
     Returns:
         One result per check, in order. A check that crashed, a garbled or missing answer, a sandbox that ran

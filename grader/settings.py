@@ -13,8 +13,8 @@ class GraderSettings(ServiceSettings):
     SANDBOX_IMAGE: str = DEFAULT_SANDBOX_IMAGE
     """The image whose containers run the checks that open produced files (the sessions' own sandbox image)."""
     SANDBOX_RUNTIME_VOLUME: RuntimeVolumeMode = "auto"
-    """Serve the image's ``/opt/venv`` to grading containers from a read-only volume: ``auto`` (where the engine's
-    storage driver is FUSE), ``on`` or ``off`` (``services.docker_runtime``)."""
+    """Serve the image's ``/opt/venv`` and ``/usr`` to grading containers from read-only volumes: ``auto`` (where the
+    engine's storage driver is FUSE), ``on`` or ``off`` (``services.docker_runtime``)."""
     GRADING_TIMEOUT_S: float = 120.0
     """How long the checks of one session may run in their sandbox before it is killed (they then fail)."""
     GRADING_BACKEND: Literal["docker", "kubernetes"] = "docker"

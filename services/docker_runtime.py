@@ -1,19 +1,21 @@
-"""The sandbox image's Python environment (``/opt/venv``) served to its containers from a read-only volume.
+"""The sandbox image's software (``/opt/venv`` and ``/usr``) served to its containers from read-only volumes.
 
 On an engine whose storage driver is fuse-overlayfs (rootless Docker, Docker inside a container, this project's CI
 machines), every file a container opens, and every one Python looks for and does not find as it imports, goes
-through a FUSE daemon of the container's own: the kernel gateway and the kernel import about 1,500 modules, so a
-sandbox's start cost that daemon about 0.4 CPU-seconds. A volume is a plain bind mount, read by the kernel directly.
-So, once per image, the engine copies the image's ``/opt/venv`` into a volume (it does so itself when a container
-mounts an empty volume there), and sandboxes and grading sandboxes mount that volume read-only over it, with the
-same files, owners and modes as the image's. Nothing a sandbox can write is shared: the mount is read-only, like
-the root filesystem it shadows.
+through a FUSE daemon of the container's own: the kernel gateway and the kernel import about 1,500 modules (the
+scientific stack's from ``/opt/venv``, the standard library's from ``/usr``), so a sandbox's start cost that daemon
+about half a CPU-second. A volume is a plain bind mount, read by the kernel directly. So, once per image, the
+engine copies the image's ``/opt/venv`` and ``/usr`` into volumes of their own (it does so itself when a container
+mounts an empty volume there), and sandboxes and grading sandboxes mount them read-only over those folders, with the
+same files, owners and modes as the image's. Nothing a sandbox can write is shared: the mounts are read-only, like
+the root filesystem they shadow.
 
-Two workers may make the copy for one image at once; the first to publish it wins: each fills a volume of a name of
-its own, then creates the image's marker volume (``pbe-runtime-<image>``) labelled with that name. The engine makes
+Two workers may make the copies for one image at once; the first to publish wins: each fills volumes of a stem of
+its own, then creates the image's marker volume (``pbe-runtime-<image>``) labelled with that stem. The engine makes
 one volume of a name and answers a second creation with the first, so every worker reads the same winner from the
-marker's label, and a loser removes its own copy. The copies of images the engine no longer has are removed when a
-new copy is made (a volume still mounted is left to the next time).
+marker's label, and a loser removes its own copies. The copies of images the engine no longer has, or made for
+another set of folders (an earlier version), are removed when new copies are made (a volume still mounted is left
+to the next time).
 
 ``PBE_SANDBOX_RUNTIME_VOLUME``: ``auto`` (on where the storage driver is FUSE, the default), ``on`` or ``off``.
 """
@@ -39,8 +41,11 @@ from services.sandbox import (
 
 log = logging.getLogger(__name__)
 
-RUNTIME_PATH = "/opt/venv"
-"""The sandbox image's Python environment: the kernel gateway, the kernel and the scientific stack."""
+RUNTIME_PATHS: tuple[str, ...] = ("/opt/venv", "/usr")
+"""The image's folders served from volumes: its Python environment (the kernel gateway, the kernel and the
+scientific stack) and its system (the interpreter, the standard library, shared libraries, ffmpeg, fonts)."""
+LAYOUT = ",".join(RUNTIME_PATHS)
+"""What a set of copies holds: copies made for other folders are stale."""
 
 FUSE_DRIVERS = frozenset({"fuse-overlayfs"})
 """Storage drivers whose reads go through a daemon: where ``auto`` turns the volume on."""
@@ -48,13 +53,20 @@ FUSE_DRIVERS = frozenset({"fuse-overlayfs"})
 IMAGE_LABEL = "pybench-eval.image"
 """On a copy and its marker: the image id the copy was made from."""
 COPY_LABEL = "pybench-eval.runtime-copy"
-"""On a marker: the name of the volume that holds the image's copy."""
+"""On a marker: the stem of the names of the volumes that hold the image's copies (``copy_names``)."""
+LAYOUT_LABEL = "pybench-eval.runtime-paths"
+"""On copies and markers: the folders the copies were made of (``LAYOUT``)."""
 _DOCKER_ERRORS = (docker.errors.DockerException, requests.RequestException)
 
 
 def marker_name(image_id: str) -> str:
     """The marker volume of the image ``image_id`` (``sha256:...``)."""
     return f"pbe-runtime-{image_id.split(':')[-1][:24]}"
+
+
+def copy_names(stem: str) -> dict[str, str]:
+    """The volume that holds each of ``RUNTIME_PATHS`` in the set of copies named ``stem``."""
+    return {path: stem + path.replace("/", "-") for path in RUNTIME_PATHS}
 
 
 class RuntimeVolumes:
@@ -85,12 +97,12 @@ class RuntimeVolumes:
         return self._enabled
 
     def mounts(self, image: str) -> tuple[str, list[Mount]]:
-        """What to create a container of ``image`` from, and the mounts that serve its runtime from a volume.
+        """What to create a container of ``image`` from, and the mounts that serve its software from volumes.
 
         Returns:
-            The image's id and the read-only mount of its copy when the volume is on (the container is then created
-            from that id, so its files and the copy's are of one build), else ``image`` as given and no mount. A
-            copy that cannot be made is logged and the container reads the image's own files.
+            The image's id and the read-only mounts of its copies when the volumes are on (the container is then
+            created from that id, so its files and the copies' are of one build), else ``image`` as given and no
+            mount. Copies that cannot be made are logged and the container reads the image's own files.
 
         Raises:
             docker.errors.ImageNotFound: the image is missing (the caller says to build it).
@@ -99,14 +111,16 @@ class RuntimeVolumes:
             return image, []
         image_id = str(self.client.images.get(image).id)
         try:
-            copy = self.copy_for(image_id)
+            copies = self.copies_for(image_id)
         except _DOCKER_ERRORS as exc:
-            log.warning("cannot serve %s's %s from a volume, reading the image's own: %s", image, RUNTIME_PATH, exc)
+            log.warning("cannot serve %s's %s from volumes, reading the image's own: %s", image, LAYOUT, exc)
             return image, []
-        return image_id, [Mount(RUNTIME_PATH, copy, type="volume", read_only=True, no_copy=True)]
+        return image_id, [
+            Mount(path, volume, type="volume", read_only=True, no_copy=True) for path, volume in copies.items()
+        ]
 
-    def copy_for(self, image_id: str) -> str:
-        """The volume that holds ``image_id``'s ``/opt/venv``, made when there is none (seconds: a full copy).
+    def copies_for(self, image_id: str) -> dict[str, str]:
+        """The volume that holds each of ``image_id``'s ``RUNTIME_PATHS``, made when there are none (seconds).
 
         Raises:
             docker.errors.DockerException, requests.RequestException: the engine failed.
@@ -114,63 +128,72 @@ class RuntimeVolumes:
         with self._lock:  # one copy at a time in this process: the others wait for it, then use it
             if image_id not in self._copies:
                 self._copies[image_id] = self._published(image_id) or self._publish(image_id)
-            return self._copies[image_id]
+            return copy_names(self._copies[image_id])
 
     def _published(self, image_id: str) -> str | None:
         try:
             marker = self.client.volumes.get(marker_name(image_id))
         except docker.errors.NotFound:
             return None
-        copy = (marker.attrs.get("Labels") or {}).get(COPY_LABEL)
-        if copy:
+        labels = marker.attrs.get("Labels") or {}
+        stem = labels.get(COPY_LABEL)
+        if stem and labels.get(LAYOUT_LABEL) == LAYOUT:
             try:
-                self.client.volumes.get(copy)
-                return str(copy)
+                for volume in copy_names(stem).values():
+                    self.client.volumes.get(volume)
+                return str(stem)
             except docker.errors.NotFound:  # removed by hand: mounting it would make an empty one
-                log.warning("the runtime copy %s of image %s is gone: making it again", copy, image_id)
+                log.warning("a runtime copy %s* of image %s is gone: making them again", stem, image_id)
         with contextlib.suppress(*_DOCKER_ERRORS):
             self.client.api.remove_volume(marker.name)
         return None
 
     def _publish(self, image_id: str) -> str:
-        labels = {PROJECT_LABEL: PROJECT, IMAGE_LABEL: image_id}
-        copy = f"{marker_name(image_id)}-{secrets.token_hex(4)}"
-        self.client.volumes.create(copy, driver="local", labels={**labels, ROLE_LABEL: RUNTIME_COPY_ROLE})
-        # The engine copies the image's files into an empty volume when a container that mounts it is created.
+        labels = {PROJECT_LABEL: PROJECT, IMAGE_LABEL: image_id, LAYOUT_LABEL: LAYOUT}
+        stem = f"{marker_name(image_id)}-{secrets.token_hex(4)}"
+        copies = copy_names(stem)
         try:
+            for volume in copies.values():
+                self.client.volumes.create(volume, driver="local", labels={**labels, ROLE_LABEL: RUNTIME_COPY_ROLE})
+            # The engine copies the image's files into an empty volume when a container that mounts it is created.
             filler = self.client.api.create_container(
                 image_id,
                 entrypoint=["true"],
                 network_disabled=True,
                 host_config=self.client.api.create_host_config(
-                    mounts=[Mount(RUNTIME_PATH, copy, type="volume")], network_mode="none"
+                    mounts=[Mount(path, volume, type="volume") for path, volume in copies.items()], network_mode="none"
                 ),
                 labels=labels,
             )
             self.client.api.remove_container(filler["Id"], force=True)
-        except BaseException:  # a copy cut short (a full disk) is never published: remove it
-            with contextlib.suppress(*_DOCKER_ERRORS):
-                self.client.api.remove_volume(copy, force=True)
+        except BaseException:  # copies cut short (a full disk) are never published: remove them
+            self._remove_copies(stem)
             raise
         marker = self.client.volumes.create(
-            marker_name(image_id), driver="local", labels={**labels, ROLE_LABEL: RUNTIME_MARKER_ROLE, COPY_LABEL: copy}
+            marker_name(image_id), driver="local", labels={**labels, ROLE_LABEL: RUNTIME_MARKER_ROLE, COPY_LABEL: stem}
         )
-        winner = str((marker.attrs.get("Labels") or {}).get(COPY_LABEL) or copy)
-        if winner != copy:  # another worker published first: its copy serves everyone
-            with contextlib.suppress(*_DOCKER_ERRORS):
-                self.client.api.remove_volume(copy, force=True)
+        winner = str((marker.attrs.get("Labels") or {}).get(COPY_LABEL) or stem)
+        if winner != stem:  # another worker published first: its copies serve everyone
+            self._remove_copies(stem)
         else:
-            log.info("serving %s of image %s from volume %s", RUNTIME_PATH, image_id, copy)
+            log.info("serving %s of image %s from volumes %s*", LAYOUT, image_id, stem)
             self._remove_stale(image_id)
         return winner
 
+    def _remove_copies(self, stem: str) -> None:
+        for volume in copy_names(stem).values():
+            with contextlib.suppress(*_DOCKER_ERRORS):
+                self.client.api.remove_volume(volume, force=True)
+
     def _remove_stale(self, current: str) -> None:
-        """Remove the copies (markers first) of images the engine no longer has; one still mounted stays."""
+        """Remove the copies (markers first) of images the engine no longer has, and copies of another layout; one
+        still mounted stays."""
         roles = (RUNTIME_MARKER_ROLE, RUNTIME_COPY_ROLE)
         for role in roles:
             for volume in self.client.volumes.list(filters={"label": [f"{ROLE_LABEL}={role}"]}):
-                image_id = (volume.attrs.get("Labels") or {}).get(IMAGE_LABEL, "")
-                if image_id == current or self._image_exists(image_id):
+                labels = volume.attrs.get("Labels") or {}
+                image_id = labels.get(IMAGE_LABEL, "")
+                if labels.get(LAYOUT_LABEL) == LAYOUT and (image_id == current or self._image_exists(image_id)):
                     continue
                 with contextlib.suppress(*_DOCKER_ERRORS):
                     self.client.api.remove_volume(volume.name)

@@ -19,11 +19,12 @@ DEFAULT_SANDBOX_IMAGE = "pybench-eval/sandbox:latest"
 ``executor/image/``)."""
 
 RuntimeVolumeMode = Literal["auto", "on", "off"]
-"""Whether Docker sandboxes read the image's ``/opt/venv`` from a read-only volume (``services.docker_runtime``):
-``auto`` where the engine's storage driver is FUSE, ``on``, ``off``."""
+"""Whether Docker sandboxes read the image's ``/opt/venv`` and ``/usr`` from read-only volumes
+(``services.docker_runtime``): ``auto`` where the engine's storage driver is FUSE, ``on``, ``off``."""
 
 RUNTIME_COPY_ROLE = "sandbox-runtime"
-"""The role of a volume that holds a copy of an image's ``/opt/venv`` (``services.docker_runtime``)."""
+"""The role of a volume that holds a copy of one of an image's folders, ``/opt/venv`` or ``/usr``
+(``services.docker_runtime``)."""
 RUNTIME_MARKER_ROLE = "sandbox-runtime-marker"
 """The role of the volume that names an image's published copy."""
 RUNTIME_ROLES = frozenset({RUNTIME_COPY_ROLE, RUNTIME_MARKER_ROLE})

@@ -1,5 +1,6 @@
-"""The image's /opt/venv served from a read-only volume: one copy per image however many workers ask at once, the
-image's files in it, read-only in the container, and copies of removed images removed. Real engine, small images
+"""The image's /opt/venv and /usr served from read-only volumes: one set of copies per image however many workers
+ask at once, the image's files in them, read-only in the container, and copies of removed images (or of another set
+of folders) removed. Real engine, small images
 made here (a tar of a few files, imported: no shell, no registry)."""
 
 import io
@@ -17,20 +18,25 @@ from services.docker_runtime import (
     COPY_LABEL,
     FUSE_DRIVERS,
     IMAGE_LABEL,
-    RUNTIME_PATH,
+    LAYOUT,
+    LAYOUT_LABEL,
+    RUNTIME_PATHS,
     RuntimeVolumes,
+    copy_names,
     marker_name,
 )
-from services.sandbox import ROLE_LABEL, RUNTIME_COPY_ROLE
+from services.sandbox import PROJECT, PROJECT_LABEL, ROLE_LABEL, RUNTIME_COPY_ROLE, RUNTIME_MARKER_ROLE
 
 pytestmark = pytest.mark.docker
 
 
 def _import_image(client: Any, stamp: str) -> str:
-    """An image of two files under /opt/venv, tagged for this test; returns its id."""
+    """An image of two files under /opt/venv and one under /usr, tagged for this test; returns its id."""
     data = io.BytesIO()
     with tarfile.open(fileobj=data, mode="w") as tar:
-        for name, content in (("opt/venv/stamp", stamp.encode()), ("opt/venv/lib/module.py", b"VALUE = 1\n")):
+        files = (("opt/venv/stamp", stamp.encode()), ("opt/venv/lib/module.py", b"VALUE = 1\n"))
+        files += (("usr/lib/os.py", b"X"),)
+        for name, content in files:
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(content), 0o644
             tar.addfile(info, io.BytesIO(content))
@@ -76,25 +82,27 @@ def image(client: Any) -> Iterator[str]:
 
 def test_workers_asking_at_once_share_one_copy_of_the_images_files(client: Any, image: str) -> None:
     workers = [RuntimeVolumes(client, "on") for _ in range(3)]
-    found: list[str] = []
-    threads = [threading.Thread(target=lambda w=worker: found.append(w.copy_for(image))) for worker in workers]
+    found: list[dict[str, str]] = []
+    threads = [threading.Thread(target=lambda w=worker: found.append(w.copies_for(image))) for worker in workers]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
-    assert len(found) == 3 and len(set(found)) == 1  # every worker uses the published copy
+    assert len(found) == 3 and all(copies == found[0] for copies in found)  # every worker uses the published set
+    assert sorted(found[0]) == sorted(RUNTIME_PATHS)
     copies = [v for v in _volumes_of(client, image) if v.attrs["Labels"][ROLE_LABEL] == RUNTIME_COPY_ROLE]
-    assert [v.name for v in copies] == found[:1]  # the losers removed theirs
+    assert sorted(v.name for v in copies) == sorted(found[0].values())  # the losers removed theirs
     marker = client.volumes.get(marker_name(image))
-    assert marker.attrs["Labels"][COPY_LABEL] == found[0]
-    # A worker that starts later finds it, and remembers it.
+    assert copy_names(marker.attrs["Labels"][COPY_LABEL]) == found[0]
+    # A worker that starts later finds them, and remembers them.
     source, mounts = RuntimeVolumes(client, "on").mounts(image)
-    assert source == image and len(mounts) == 1
-    assert mounts[0]["Target"] == RUNTIME_PATH and mounts[0]["ReadOnly"] is True
-    assert mounts[0]["Source"] == found[0] and mounts[0]["VolumeOptions"]["NoCopy"] is True
+    assert source == image and len(mounts) == len(RUNTIME_PATHS)
+    assert {m["Target"]: m["Source"] for m in mounts} == found[0]
+    assert all(m["ReadOnly"] is True and m["VolumeOptions"]["NoCopy"] is True for m in mounts)
     stamp = client.images.get(image).tags[0].split("pbe-test-runtime-")[1].split(":")[0]
-    assert _read(client, image, mounts, f"{RUNTIME_PATH}/stamp") == stamp.encode()
-    assert _read(client, image, mounts, f"{RUNTIME_PATH}/lib/module.py") == b"VALUE = 1\n"
+    assert _read(client, image, mounts, "/opt/venv/stamp") == stamp.encode()
+    assert _read(client, image, mounts, "/opt/venv/lib/module.py") == b"VALUE = 1\n"
+    assert _read(client, image, mounts, "/usr/lib/os.py") == b"X"
 
 
 def test_the_copy_is_read_only_in_the_container(client: Any, image: str) -> None:
@@ -106,8 +114,9 @@ def test_the_copy_is_read_only_in_the_container(client: Any, image: str) -> None
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w") as tar:
             tar.addfile(tarfile.TarInfo("planted"), io.BytesIO(b""))
-        with pytest.raises(docker.errors.APIError, match="read-only"):
-            client.api.put_archive(container["Id"], RUNTIME_PATH, archive.getvalue())
+        for path in RUNTIME_PATHS:
+            with pytest.raises(docker.errors.APIError, match="read-only"):
+                client.api.put_archive(container["Id"], path, archive.getvalue())
     finally:
         client.api.remove_container(container["Id"], force=True)
 
@@ -125,24 +134,37 @@ def test_a_missing_image_is_said_to_be_missing(client: Any) -> None:
 
 def test_copies_of_removed_images_go_when_a_new_copy_is_made(client: Any, image: str) -> None:
     old = _import_image(client, secrets.token_hex(4))
-    RuntimeVolumes(client, "on").copy_for(old)
-    assert len(_volumes_of(client, old)) == 2  # the copy and its marker
+    RuntimeVolumes(client, "on").copies_for(old)
+    assert len(_volumes_of(client, old)) == len(RUNTIME_PATHS) + 1  # the copies and their marker
     client.images.remove(old, force=True)
-    RuntimeVolumes(client, "on").copy_for(image)
+    RuntimeVolumes(client, "on").copies_for(image)
     assert _volumes_of(client, old) == []
-    assert len(_volumes_of(client, image)) == 2
+    assert len(_volumes_of(client, image)) == len(RUNTIME_PATHS) + 1
+
+
+def test_copies_of_another_set_of_folders_are_replaced(client: Any, image: str) -> None:
+    """An earlier version's copy (one volume of /opt/venv, a marker without the layout) is neither mounted nor kept."""
+    labels = {PROJECT_LABEL: PROJECT, IMAGE_LABEL: image}
+    legacy = f"{marker_name(image)}-legacy"
+    client.volumes.create(legacy, labels={**labels, ROLE_LABEL: RUNTIME_COPY_ROLE})
+    client.volumes.create(marker_name(image), labels={**labels, ROLE_LABEL: RUNTIME_MARKER_ROLE, COPY_LABEL: legacy})
+    copies = RuntimeVolumes(client, "on").copies_for(image)
+    assert legacy not in copies.values() and sorted(copies) == sorted(RUNTIME_PATHS)
+    names = {v.name: v.attrs["Labels"] for v in _volumes_of(client, image)}
+    assert legacy not in names and all(labels[LAYOUT_LABEL] == LAYOUT for labels in names.values())
 
 
 def test_a_copy_removed_by_hand_is_made_again(client: Any, image: str) -> None:
-    first = RuntimeVolumes(client, "on").copy_for(image)
-    client.volumes.get(first).remove(force=True)  # the marker stays, naming a volume that is gone
-    second = RuntimeVolumes(client, "on").copy_for(image)
-    assert second != first and client.volumes.get(second).name == second
-    assert client.volumes.get(marker_name(image)).attrs["Labels"][COPY_LABEL] == second
+    first = RuntimeVolumes(client, "on").copies_for(image)
+    client.volumes.get(first["/usr"]).remove(force=True)  # the marker stays, naming a volume that is gone
+    second = RuntimeVolumes(client, "on").copies_for(image)
+    assert set(second.values()).isdisjoint(first.values())
+    assert all(client.volumes.get(name).name == name for name in second.values())
+    assert copy_names(client.volumes.get(marker_name(image)).attrs["Labels"][COPY_LABEL]) == second
 
 
 def test_a_copy_that_cannot_be_made_leaves_nothing(client: Any) -> None:
     gone = "sha256:" + "0" * 64  # no such image: the copy's filler cannot be created
     with pytest.raises(docker.errors.DockerException):
-        RuntimeVolumes(client, "on").copy_for(gone)
+        RuntimeVolumes(client, "on").copies_for(gone)
     assert _volumes_of(client, gone) == []

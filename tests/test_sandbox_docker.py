@@ -11,7 +11,7 @@ import pytest
 from executor.kernel import KernelClient
 from executor.sandboxes.base import SandboxSpec
 from executor.sandboxes.docker import DockerSandboxBackend
-from services.docker_runtime import RUNTIME_PATH
+from services.docker_runtime import RUNTIME_PATHS
 from services.errors import SandboxStartError, SandboxUnavailableError
 from services.sandbox import (
     DEFAULT_SANDBOX_IMAGE,
@@ -53,10 +53,12 @@ def test_the_python_environment_is_the_images_read_only(backend: DockerSandboxBa
     container = engine.containers.get(sandbox.sandbox_id)
     mounts = {mount["Destination"]: mount for mount in container.attrs["Mounts"]}
     if not backend.runtime.enabled():  # an engine whose storage is not FUSE: the image's own files
-        assert RUNTIME_PATH not in mounts
+        assert not set(RUNTIME_PATHS) & set(mounts)
         return
-    assert mounts[RUNTIME_PATH]["Type"] == "volume" and mounts[RUNTIME_PATH]["RW"] is False
-    assert mounts[RUNTIME_PATH]["Name"] == backend.runtime.copy_for(engine.images.get(SANDBOX_IMAGE).id)
+    copies = backend.runtime.copies_for(engine.images.get(SANDBOX_IMAGE).id)
+    for path in RUNTIME_PATHS:
+        assert mounts[path]["Type"] == "volume" and mounts[path]["RW"] is False
+        assert mounts[path]["Name"] == copies[path]
     assert container.attrs["Image"] == engine.images.get(SANDBOX_IMAGE).id  # created from the copy's image
 
 

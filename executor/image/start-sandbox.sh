@@ -4,4 +4,5 @@
 set -e
 mkdir -p /tmp/jupyter-runtime /workspace/data /workspace/output
 cp -r /opt/matplotlib /tmp/matplotlib 2>/dev/null || true
-exec jupyter kernelgateway --config=/etc/jupyter/jupyter_kernel_gateway_config.py
+# jupyter-kernelgateway, not `jupyter kernelgateway`: the latter starts a Python only to find and exec this one.
+exec jupyter-kernelgateway --config=/etc/jupyter/jupyter_kernel_gateway_config.py

@@ -5,14 +5,14 @@ Each container runs ``jupyter kernelgateway`` as an unprivileged user with every
 internal bridge that has no route out (the executor reaches the gateway by the container's address on that bridge).
 What it may write is size-capped and in memory: ``/tmp`` and its home are tmpfs mounts, and ``/workspace`` is a
 tmpfs-backed volume of its own (a volume, so files can be copied in and out of it while the root stays read-only).
-Where the engine's storage driver is FUSE, its ``/opt/venv`` (the kernel gateway, the kernel and the scientific
-stack) is the image's own, copied once into a volume and mounted read-only (``services.docker_runtime``): the
-imports then do not go through a FUSE daemon. Its routing table holds one route, to the executor
-(``_CONFINE_ENTRYPOINT``): no default route, and no way to another sandbox on the shared bridge. Its only
-environment variable is its own gateway token. Every container carries the labels ``pybench-eval.role=sandbox``,
-``pybench-eval.evaluation``, ``.task`` and ``.attempt``, and a name that starts with ``pbe-sbx-``
-(``services.sandbox``), so ``reap`` finds what a crashed worker left behind; its workspace volume and the network
-carry the project label and roles of their own.
+Where the engine's storage driver is FUSE, its ``/opt/venv`` (the kernel gateway, the kernel and the scientific stack)
+and ``/usr`` (the interpreter and the standard library) are the image's own, copied once into volumes and mounted
+read-only (``services.docker_runtime``): the imports then do not go through a FUSE daemon. Its routing table holds one
+route, to the executor (``_CONFINE_ENTRYPOINT``): no default route, and no way to another sandbox on the shared
+bridge. Its only environment variable is its own gateway token. Every container carries the labels
+``pybench-eval.role=sandbox``, ``pybench-eval.evaluation``, ``.task`` and ``.attempt``, and a name that starts with
+``pbe-sbx-`` (``services.sandbox``), so ``reap`` finds what a crashed worker left behind; its workspace volume and the
+network carry the project label and roles of their own.
 """
 
 import contextlib
@@ -104,7 +104,7 @@ class DockerSandboxBackend(SandboxBackend):
 
     @property
     def runtime(self) -> RuntimeVolumes:
-        """The image's ``/opt/venv`` served from a read-only volume (``services.docker_runtime``)."""
+        """The image's ``/opt/venv`` and ``/usr`` served from read-only volumes (``services.docker_runtime``)."""
         if self._runtime is None:
             self._runtime = RuntimeVolumes(self.client, self._runtime_mode)
         return self._runtime
