@@ -17,7 +17,8 @@ once (the evaluation's progress, polled each second); the CPU every container us
 containerd), less the cells' own CPU (each cell's ``cpu_s`` from the stored trajectories), per task, and the
 same from the whole machine's busy time (``/proc/stat``: also what runs outside the containers and the engine,
 the storage driver's and containerd's shims, runc, the kernel's own network namespace work; read it on an
-otherwise idle machine); the
+otherwise idle machine), split by component (``CpuLedger``: sandboxes, the stack's containers, fuse-overlayfs, the
+engine, the rest); the
 memory of all containers (usage less inactive file cache, sampled each second), and the executors' own per
 session in flight. It prints a table, then one JSON line.
 
@@ -25,6 +26,7 @@ Needs root (cgroup files, the artifact volume, ``unshare``), the stack up (``mak
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -117,6 +119,77 @@ def executor_ids() -> set[str]:
     return set(out.split())
 
 
+def stack_ids() -> set[str]:
+    """The compose stack's own containers (gateway, executors, graders, Redis, the replay model), by full id."""
+    project = "label=com.docker.compose.project=pybench-eval"
+    out = subprocess.run(["docker", "ps", "-q", "--no-trunc", "--filter", project],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return set(out.split())
+
+
+HOST_DAEMONS = {"fuse-overlayfs": "fuse-overlayfs", "dockerd": "engine", "containerd": "engine",
+                "containerd-shim": "engine"}  # fmt: skip
+"""Processes outside every container whose CPU a run is charged with, by the component they are counted in."""
+
+
+class CpuLedger:
+    """Where the machine's CPU went during a run: the sandboxes (sessions', grading and warm ones: every container but
+    the stack's own), the stack's containers, and the storage and engine daemons outside every container.
+
+    The engine's parent cgroup keeps the time of containers already removed, so the sandboxes' share is exact: the
+    parent's less the stack's containers (long-lived, read at every ``sample``). The daemons are read per process at
+    every ``sample`` (what exits between two loses its last second; a container's fuse-overlayfs is idle when it goes).
+    The machine's busy time less all of these is ``other``: short-lived processes on the host (runc, the engine's
+    helpers), the kernel's own work, this benchmark.
+    """
+
+    def __init__(self, stack: set[str]) -> None:
+        self.stack = stack
+        self.ticks = os.sysconf("SC_CLK_TCK")
+        self.first = self._read()
+        self.last = dict(self.first)
+        self.machine_start = machine_cpu_s()
+
+    def _read(self) -> dict[tuple[str, str], float]:
+        docker = CGROUP / "cpuacct" / "docker"
+        found = {("docker", "all"): int((docker / "cpuacct.usage").read_text()) / 1e9}
+        for container in self.stack:
+            with contextlib.suppress(OSError, ValueError):  # stopped meanwhile
+                found[("stack", container)] = int((docker / container / "cpuacct.usage").read_text()) / 1e9
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                stat = (proc / "stat").read_text()
+            except OSError:
+                continue
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            if comm in HOST_DAEMONS:
+                fields = stat.rsplit(")", 1)[1].split()
+                found[(comm, f"{proc.name}:{fields[19]}")] = (int(fields[11]) + int(fields[12])) / self.ticks
+        return found
+
+    def sample(self) -> None:
+        self.last.update(self._read())
+
+    def components(self) -> dict[str, float]:
+        """CPU seconds since the ledger was made: ``sandboxes``, ``stack``, ``fuse-overlayfs``, ``engine``,
+        ``other``."""
+        self.sample()
+        spent = {"sandboxes": 0.0, "stack": 0.0, "fuse-overlayfs": 0.0, "engine": 0.0}
+        for (kind, name), value in self.last.items():
+            used = value - self.first.get((kind, name), 0.0)
+            if kind == "docker":
+                spent["sandboxes"] += used
+            elif kind == "stack":
+                spent["stack"] += used
+                spent["sandboxes"] -= used
+            else:
+                spent[HOST_DAEMONS[kind]] += used
+        spent["other"] = machine_cpu_s() - self.machine_start - sum(spent.values())
+        return {name: round(value, 1) for name, value in spent.items()}
+
+
 class Sampler(threading.Thread):
     """Each second: the evaluation's running sessions, all containers' memory, the executors' memory."""
 
@@ -124,6 +197,7 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.client, self.evaluation_id = client, evaluation_id
         self.executors = executor_ids()
+        self.ledger = CpuLedger(stack_ids())
         self.stop = threading.Event()
         self.peak_running = 0
         self.peak_memory_mb = 0.0
@@ -136,6 +210,7 @@ class Sampler(threading.Thread):
                 self.view = self.client.evaluation(self.evaluation_id)
             except Exception:  # a 429 or a slow answer: the next second asks again
                 continue
+            self.ledger.sample()
             running = int(self.view["progress"]["counts"].get("running", 0))
             memory = container_memory_mb()
             self.peak_memory_mb = max(self.peak_memory_mb, sum(memory.values()))
@@ -170,6 +245,7 @@ def run_service(client: GatewayClient, tasks: list[int], max_concurrency: int, t
     wall = time.monotonic() - started
     sampler.stop.set()
     sampler.join()
+    components = sampler.ledger.components()
     cpu, machine = engine_cpu_s() - cpu_before, machine_cpu_s() - machine_before
     results = client.results(evaluation_id)
     store = artifact_store()
@@ -193,6 +269,7 @@ def run_service(client: GatewayClient, tasks: list[int], max_concurrency: int, t
         "overhead_cpu_s_per_task": round((cpu - cells_cpu) / max(1, len(tasks)), 2),
         "machine_cpu_s": round(machine, 1),
         "machine_overhead_cpu_s_per_task": round((machine - cells_cpu) / max(1, len(tasks)), 2),
+        "machine_cpu_s_by_component": components,
         "peak_sessions_in_flight": sampler.peak_running,
         "peak_memory_mb": round(sampler.peak_memory_mb),
         "executor_mb_per_session": round(max(0.0, sampler.executor_mb_at_peak - idle_executor_mb) / peak, 1),
@@ -321,6 +398,7 @@ def main() -> int:
         "machine_cpu_s": instant.get("machine_cpu_s"),
         "cpu_s": instant["cpu_s"],
         "cells_cpu_s": instant["cells_cpu_s"],
+        "machine_cpu_s_by_component": instant.get("machine_cpu_s_by_component"),
         "peak_sessions_in_flight": max(instant["peak_sessions_in_flight"], slow["peak_sessions_in_flight"]),
         "peak_memory_mb": max(instant["peak_memory_mb"], slow["peak_memory_mb"]),
         "executor_mb_per_session": slow["executor_mb_per_session"],
