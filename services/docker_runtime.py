@@ -13,9 +13,10 @@ the root filesystem they shadow.
 Two workers may make the copies for one image at once; the first to publish wins: each fills volumes of a stem of
 its own, then creates the image's marker volume (``pbe-runtime-<image>``) labelled with that stem. The engine makes
 one volume of a name and answers a second creation with the first, so every worker reads the same winner from the
-marker's label, and a loser removes its own copies. The copies of images the engine no longer has, or made for
-another set of folders (an earlier version), are removed when new copies are made (a volume still mounted is left
-to the next time).
+marker's label, and a loser removes its own copies. When new copies are published, the others are removed: those
+of images the engine no longer has, those made for another set of folders (an earlier version), and earlier sets of
+the same image whose marker was replaced (a volume still mounted is left to the next time). An image's copies take
+about as much disk as its ``/opt/venv`` and ``/usr`` (about 2 GB for the sandbox image).
 
 ``PBE_SANDBOX_RUNTIME_VOLUME``: ``auto`` (on where the storage driver is FUSE, the default), ``on`` or ``off``.
 """
@@ -177,7 +178,7 @@ class RuntimeVolumes:
             self._remove_copies(stem)
         else:
             log.info("serving %s of image %s from volumes %s*", LAYOUT, image_id, stem)
-            self._remove_stale(image_id)
+            self._remove_stale(image_id, stem)
         return winner
 
     def _remove_copies(self, stem: str) -> None:
@@ -185,18 +186,24 @@ class RuntimeVolumes:
             with contextlib.suppress(*_DOCKER_ERRORS):
                 self.client.api.remove_volume(volume, force=True)
 
-    def _remove_stale(self, current: str) -> None:
-        """Remove the copies (markers first) of images the engine no longer has, and copies of another layout; one
-        still mounted stays."""
+    def _remove_stale(self, current: str, stem: str) -> None:
+        """Remove the copies (markers first) of images the engine no longer has, copies of another layout, and the
+        copies of ``current`` but those of ``stem`` (sets whose marker was replaced); one still mounted stays."""
+        published = set(copy_names(stem).values())
         roles = (RUNTIME_MARKER_ROLE, RUNTIME_COPY_ROLE)
         for role in roles:
             for volume in self.client.volumes.list(filters={"label": [f"{ROLE_LABEL}={role}"]}):
                 labels = volume.attrs.get("Labels") or {}
                 image_id = labels.get(IMAGE_LABEL, "")
-                if labels.get(LAYOUT_LABEL) == LAYOUT and (image_id == current or self._image_exists(image_id)):
-                    continue
-                with contextlib.suppress(*_DOCKER_ERRORS):
-                    self.client.api.remove_volume(volume.name)
+                if labels.get(LAYOUT_LABEL) != LAYOUT:
+                    stale = True
+                elif image_id == current:
+                    stale = role == RUNTIME_COPY_ROLE and volume.name not in published
+                else:
+                    stale = not self._image_exists(image_id)
+                if stale:
+                    with contextlib.suppress(*_DOCKER_ERRORS):
+                        self.client.api.remove_volume(volume.name)
 
     def _image_exists(self, image_id: str) -> bool:
         if not image_id:

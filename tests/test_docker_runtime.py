@@ -161,6 +161,8 @@ def test_a_copy_removed_by_hand_is_made_again(client: Any, image: str) -> None:
     assert set(second.values()).isdisjoint(first.values())
     assert all(client.volumes.get(name).name == name for name in second.values())
     assert copy_names(client.volumes.get(marker_name(image)).attrs["Labels"][COPY_LABEL]) == second
+    # The first set's remaining copy is removed with it: one set per image on disk.
+    assert sorted(v.name for v in _volumes_of(client, image)) == sorted([*second.values(), marker_name(image)])
 
 
 def test_a_copy_that_cannot_be_made_leaves_nothing(client: Any) -> None:
