@@ -98,7 +98,7 @@ class WarmPool:
         imports: tuple[str, ...] = DEFAULT_WARM_IMPORTS,
     ) -> None:
         self.backend = backend
-        self.template = replace(template, evaluation_id=POOL_EVALUATION, task_index=0, attempt=0)
+        self.template = replace(template, evaluation_id=POOL_EVALUATION, task_index=0, attempt=0, background=True)
         self.size = max(1, size)
         self.starts = max(1, starts)
         self.imports = imports
@@ -112,7 +112,7 @@ class WarmPool:
         self.last_error: str | None = None
 
     def _compatible(self, spec: SandboxSpec) -> bool:
-        return replace(spec, evaluation_id=POOL_EVALUATION, task_index=0, attempt=0) == self.template
+        return replace(spec, evaluation_id=POOL_EVALUATION, task_index=0, attempt=0, background=True) == self.template
 
     @property
     def ready_count(self) -> int:
@@ -183,6 +183,7 @@ class WarmPool:
             if sandbox is None:
                 break
             try:
+                self.backend.promote(sandbox.handle)  # a session's share of the CPU from now on
                 sandbox.kernel.run_silent("", timeout_s=5.0)  # still alive?
             except SandboxError as exc:
                 log.warning("warm pool: sandbox %s went away while waiting: %s", sandbox.handle.name, exc)

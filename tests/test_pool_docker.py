@@ -7,7 +7,7 @@ import pytest
 
 from executor.pool import POOL_EVALUATION, WarmPool
 from executor.sandboxes.base import SandboxSpec
-from executor.sandboxes.docker import DockerSandboxBackend
+from executor.sandboxes.docker import BACKGROUND_CPU_SHARES, SESSION_CPU_SHARES, DockerSandboxBackend
 from services.sandbox import DEFAULT_SANDBOX_IMAGE, EVALUATION_LABEL
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -52,6 +52,30 @@ def test_a_warm_sandbox_is_handed_out_once_with_libraries_imported(backend: Dock
             backend.stop(sandbox.handle)
     finally:
         pool.close()
+    assert _pool_containers() == []
+
+
+def test_a_warm_sandbox_yields_the_cpu_until_a_session_takes_it(backend: DockerSandboxBackend) -> None:
+    engine = docker.from_env()
+    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=IMAGE), imports=())
+    try:
+        assert pool.wait_ready(120), pool.last_error
+        (waiting,) = _pool_containers()
+        assert waiting.attrs["HostConfig"]["CpuShares"] == BACKGROUND_CPU_SHARES  # type: ignore[attr-defined]
+        taken = pool.take(SandboxSpec(EVALUATION, 1, 1, image=IMAGE))
+        assert taken.warm and taken.handle.sandbox_id == waiting.id  # type: ignore[attr-defined]
+        shares = engine.containers.get(taken.handle.sandbox_id).attrs["HostConfig"]["CpuShares"]
+        assert shares == SESSION_CPU_SHARES
+        # A sandbox started for a session (other limits: not the pool's) has a session's share from its start.
+        own = pool.take(SandboxSpec(EVALUATION, 2, 1, image=IMAGE, memory_mb=1024))
+        assert not own.warm
+        assert engine.containers.get(own.handle.sandbox_id).attrs["HostConfig"]["CpuShares"] == SESSION_CPU_SHARES
+        for sandbox in (taken, own):
+            sandbox.kernel.close()
+            backend.stop(sandbox.handle)
+    finally:
+        pool.close()
+        engine.close()
     assert _pool_containers() == []
 
 

@@ -56,6 +56,9 @@ class SandboxSpec:
     worker: str = ""
     """The executor that started it (``ExecutorSettings.WORKER_ID``), carried as a label so that the same worker,
     started again, removes what its previous life left (``reap(worker=...)``); empty: no such label."""
+    background: bool = False
+    """Started ahead of any session (the warm pool's): where the backend can, its start yields the CPU to the cells
+    of running sessions (which run against a time limit) until a session takes it (``SandboxBackend.promote``)."""
 
 
 class SandboxBackend(ABC):
@@ -113,6 +116,15 @@ class SandboxBackend(ABC):
         Raises:
             SandboxUnavailableError: the sandbox is gone.
         """
+
+    def promote(self, handle: SandboxHandle) -> None:
+        """Give a sandbox started in the ``background`` a session's share of the CPU, as a session takes it. Backends
+        that start every sandbox alike do nothing.
+
+        Raises:
+            SandboxUnavailableError: the sandbox is gone.
+        """
+        return None
 
     @abstractmethod
     def stop(self, handle: SandboxHandle) -> None:

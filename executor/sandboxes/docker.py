@@ -78,6 +78,11 @@ _CONFINE_CAPABILITIES = ("NET_ADMIN", "SETUID", "SETGID", "SETPCAP")
 """What the confining entrypoint holds as root, before it drops them all: the routes, and the drop itself."""
 _STATE_CHECK_S = 1.0
 """While a sandbox's gateway does not answer yet, how often to ask the engine whether its container still runs."""
+SESSION_CPU_SHARES = 1024
+"""A session's sandbox's weight for the CPU when cores are contended (the engine's default, the stack's own)."""
+BACKGROUND_CPU_SHARES = 256
+"""A warm pool's sandbox's weight until a session takes it: its start (two Pythons, about a CPU-second) gets a
+quarter of a session's share, so the cells of running sessions, which run against a time limit, go first."""
 
 
 class DockerSandboxBackend(SandboxBackend):
@@ -171,6 +176,7 @@ class DockerSandboxBackend(SandboxBackend):
                 mem_limit=f"{spec.memory_mb}m",
                 memswap_limit=f"{spec.memory_mb}m",
                 nano_cpus=int(spec.cpus * 1e9),
+                cpu_shares=BACKGROUND_CPU_SHARES if spec.background else SESSION_CPU_SHARES,
                 pids_limit=spec.pids,
                 cap_drop=["ALL"],
                 cap_add=list(_CONFINE_CAPABILITIES),
@@ -348,6 +354,12 @@ class DockerSandboxBackend(SandboxBackend):
         with contextlib.suppress(*_DOCKER_ERRORS):  # gone already, or the reaper removes it later
             self.client.api.remove_container(container_id, force=True, v=True)
         self._remove_volume(name)
+
+    def promote(self, handle: SandboxHandle) -> None:
+        try:
+            self.client.api.update_container(handle.sandbox_id, cpu_shares=SESSION_CPU_SHARES)
+        except _DOCKER_ERRORS as exc:
+            raise SandboxUnavailableError(f"sandbox {handle.name} is gone: {exc}") from exc
 
     def stop(self, handle: SandboxHandle) -> None:
         self._remove(handle.sandbox_id, handle.name)
