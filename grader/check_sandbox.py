@@ -34,6 +34,7 @@ import docker.errors
 import requests
 
 from grader import file_checks
+from services.docker_errors import DOCKER_ERRORS
 from services.docker_runtime import RuntimeVolumes
 from services.errors import SandboxStartError
 from services.sandbox import (
@@ -83,7 +84,6 @@ CHECKER_ENVIRONMENT = {
     "OPENBLAS_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
 }
-_DOCKER_ERRORS = (docker.errors.DockerException, requests.RequestException)
 _LOG_RETRIES = 3
 """Reads of the container's output after it exits, should the engine not have written the last line yet."""
 
@@ -136,7 +136,7 @@ def run_file_checks(
             engine.api.start(container_id)
         except docker.errors.ImageNotFound as exc:
             raise SandboxStartError(f"the sandbox image {image!r} is missing: build it with `make images`") from exc
-        except _DOCKER_ERRORS as exc:
+        except DOCKER_ERRORS as exc:
             raise SandboxStartError(f"cannot start a grading sandbox: {exc}; is the Docker engine running?") from exc
         return _collect(engine, container_id, checks, timeout_s)
     finally:
@@ -208,7 +208,7 @@ def _collect(engine: Any, container_id: str, checks: list[dict[str, Any]], timeo
         if state.get("OOMKilled"):
             return failed_results(checks, f"grading sandbox ran out of memory ({DEFAULT_MEMORY_MB} MiB)")
         errors = engine.api.logs(container_id, stdout=False, stderr=True, tail=3).decode(errors="replace")
-    except _DOCKER_ERRORS as exc:
+    except DOCKER_ERRORS as exc:
         raise SandboxStartError(f"lost the Docker engine while grading: {exc}") from exc
     last = errors.strip().splitlines()[-1][:300] if errors.strip() else "no output"
     return failed_results(checks, f"grading sandbox gave no results (exit code {code}): {last}")
@@ -296,9 +296,9 @@ def request_archive(checks: list[dict[str, Any]], files: dict[str, bytes], root:
 def _remove(engine: Any, container_id: str | None, name: str) -> None:
     """Remove the container and its volume; best effort (``reap`` is the safety net)."""
     if container_id is not None:
-        with contextlib.suppress(*_DOCKER_ERRORS):
+        with contextlib.suppress(*DOCKER_ERRORS):
             engine.api.remove_container(container_id, force=True, v=True)
-    with contextlib.suppress(*_DOCKER_ERRORS):
+    with contextlib.suppress(*DOCKER_ERRORS):
         engine.api.remove_volume(name, force=True)
 
 
@@ -324,6 +324,6 @@ def reap(older_than_s: float = 0.0, client: Any = None) -> list[str]:
             if docker_created_epoch(volume.get("CreatedAt", "")) <= cutoff and volume["Name"] not in removed:
                 _remove(engine, None, volume["Name"])
                 removed.append(volume["Name"])
-    except _DOCKER_ERRORS as exc:
+    except DOCKER_ERRORS as exc:
         raise SandboxStartError(f"cannot reach the Docker engine: {exc}") from exc
     return removed

@@ -28,9 +28,9 @@ import threading
 from typing import Any
 
 import docker.errors
-import requests
 from docker.types import Mount
 
+from services.docker_errors import DOCKER_ERRORS
 from services.sandbox import (
     PROJECT,
     PROJECT_LABEL,
@@ -57,7 +57,6 @@ COPY_LABEL = "pybench-eval.runtime-copy"
 """On a marker: the stem of the names of the volumes that hold the image's copies (``copy_names``)."""
 LAYOUT_LABEL = "pybench-eval.runtime-paths"
 """On copies and markers: the folders the copies were made of (``LAYOUT``)."""
-_DOCKER_ERRORS = (docker.errors.DockerException, requests.RequestException)
 
 
 def marker_name(image_id: str) -> str:
@@ -90,7 +89,7 @@ class RuntimeVolumes:
         if self._enabled is None:
             if self.mode == "auto":
                 driver = ""
-                with contextlib.suppress(*_DOCKER_ERRORS):
+                with contextlib.suppress(*DOCKER_ERRORS):
                     driver = str(self.client.info().get("Driver", ""))
                 self._enabled = driver in FUSE_DRIVERS
             else:
@@ -113,7 +112,7 @@ class RuntimeVolumes:
         image_id = str(self.client.images.get(image).id)
         try:
             copies = self.copies_for(image_id)
-        except _DOCKER_ERRORS as exc:
+        except DOCKER_ERRORS as exc:
             log.warning("cannot serve %s's %s from volumes, reading the image's own: %s", image, LAYOUT, exc)
             return image, []
         return image_id, [
@@ -145,7 +144,7 @@ class RuntimeVolumes:
                 return str(stem)
             except docker.errors.NotFound:  # removed by hand: mounting it would make an empty one
                 log.warning("a runtime copy %s* of image %s is gone: making them again", stem, image_id)
-        with contextlib.suppress(*_DOCKER_ERRORS):
+        with contextlib.suppress(*DOCKER_ERRORS):
             self.client.api.remove_volume(marker.name)
         return None
 
@@ -183,7 +182,7 @@ class RuntimeVolumes:
 
     def _remove_copies(self, stem: str) -> None:
         for volume in copy_names(stem).values():
-            with contextlib.suppress(*_DOCKER_ERRORS):
+            with contextlib.suppress(*DOCKER_ERRORS):
                 self.client.api.remove_volume(volume, force=True)
 
     def _remove_stale(self, current: str, stem: str) -> None:
@@ -202,7 +201,7 @@ class RuntimeVolumes:
                 else:
                     stale = not self._image_exists(image_id)
                 if stale:
-                    with contextlib.suppress(*_DOCKER_ERRORS):
+                    with contextlib.suppress(*DOCKER_ERRORS):
                         self.client.api.remove_volume(volume.name)
 
     def _image_exists(self, image_id: str) -> bool:
@@ -212,6 +211,6 @@ class RuntimeVolumes:
             self.client.images.get(image_id)
         except docker.errors.ImageNotFound:
             return False
-        except _DOCKER_ERRORS:
+        except DOCKER_ERRORS:
             return True  # unsure: keep it
         return True

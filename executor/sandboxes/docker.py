@@ -28,7 +28,6 @@ import docker
 import docker.client
 import docker.errors
 import httpx
-import requests
 
 from executor.sandboxes.base import (
     DEFAULT_MAX_TREE_BYTES,
@@ -41,6 +40,7 @@ from executor.sandboxes.base import (
     collect_tar,
     one_file_archive,
 )
+from services.docker_errors import DOCKER_ERRORS
 from services.docker_runtime import RuntimeVolumes
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
 from services.sandbox import (
@@ -68,7 +68,6 @@ SANDBOX_HOME = "/home/sandbox"
 
 _WORKSPACE_ROLE = "sandbox-workspace"
 _NETWORK_ROLE = "sandbox-network"
-_DOCKER_ERRORS = (docker.errors.DockerException, requests.RequestException)
 _CONFINE_ENTRYPOINT = "/usr/local/bin/confine-sandbox"
 """The sandbox image's entrypoint that confines its network and drops to the sandbox user
 (``executor/image/confine-sandbox.sh``): the routing table keeps one host route, to the executor (no default
@@ -117,7 +116,7 @@ class DockerSandboxBackend(SandboxBackend):
     def problem(self) -> str | None:
         try:
             self.client.ping()
-        except (*_DOCKER_ERRORS, SandboxStartError) as exc:
+        except (*DOCKER_ERRORS, SandboxStartError) as exc:
             return (
                 f"cannot reach the Docker engine ({exc}): check DOCKER_HOST, and that this process may use the "
                 "engine's socket (in compose, DOCKER_GID must be the socket's group)"
@@ -127,7 +126,7 @@ class DockerSandboxBackend(SandboxBackend):
     def image_reference(self, image: str) -> str:
         try:
             return f"{image}@{self.client.images.get(image).id}"
-        except (*_DOCKER_ERRORS, SandboxStartError):
+        except (*DOCKER_ERRORS, SandboxStartError):
             return image
 
     def ensure_network(self) -> None:
@@ -192,7 +191,7 @@ class DockerSandboxBackend(SandboxBackend):
         except docker.errors.ImageNotFound as exc:
             self._remove_volume(name)
             raise SandboxStartError(f"sandbox image {spec.image!r} is missing: build it with `make images`") from exc
-        except _DOCKER_ERRORS as exc:
+        except DOCKER_ERRORS as exc:
             self._remove_volume(name)
             raise SandboxStartError(f"cannot start a sandbox container: {exc}") from exc
         try:
@@ -209,7 +208,7 @@ class DockerSandboxBackend(SandboxBackend):
                 labels=labels,
             )
             self._wait_ready(container, handle, spec.ready_timeout_s)
-        except (*_DOCKER_ERRORS, KeyError) as exc:
+        except (*DOCKER_ERRORS, KeyError) as exc:
             self._remove(container.id, name)
             hint = (
                 "; the image predates this executor: rebuild it with `make images`"
@@ -232,7 +231,7 @@ class DockerSandboxBackend(SandboxBackend):
         """
         if self._peer is None:
             own = None
-            with contextlib.suppress(*_DOCKER_ERRORS):
+            with contextlib.suppress(*DOCKER_ERRORS):
                 own = self.client.containers.get(socket.gethostname())
             networks = own.attrs["NetworkSettings"]["Networks"] if own is not None else {}
             if self.network in networks and networks[self.network].get("IPAddress"):
@@ -290,7 +289,7 @@ class DockerSandboxBackend(SandboxBackend):
             return self.client.containers.get(handle.sandbox_id)
         except docker.errors.NotFound as exc:
             raise SandboxUnavailableError(f"sandbox {handle.name} is gone") from exc
-        except (docker.errors.DockerException, requests.RequestException) as exc:
+        except DOCKER_ERRORS as exc:
             raise SandboxUnavailableError(f"cannot reach sandbox {handle.name}: {exc}") from exc
 
     def put_file(self, handle: SandboxHandle, dest: str, data: bytes) -> None:
@@ -308,7 +307,7 @@ class DockerSandboxBackend(SandboxBackend):
         archive = one_file_archive(parts[1:], data, SANDBOX_UID)
         try:
             ok = self._container(handle).put_archive(WORKSPACE, archive)
-        except (docker.errors.DockerException, requests.RequestException) as exc:
+        except DOCKER_ERRORS as exc:
             raise SandboxUnavailableError(f"cannot copy {dest} into sandbox {handle.name}: {exc}") from exc
         if not ok:
             raise SandboxUnavailableError(f"sandbox {handle.name} refused {dest}")
@@ -332,7 +331,7 @@ class DockerSandboxBackend(SandboxBackend):
             stream, stat = container.get_archive(path)
         except docker.errors.NotFound:
             return Tree(max_files=max_files, max_bytes=max_bytes)
-        except _DOCKER_ERRORS as exc:
+        except DOCKER_ERRORS as exc:
             raise SandboxUnavailableError(f"cannot read {path} from sandbox {handle.name}: {exc}") from exc
         root = stat["name"]
         collector = TreeCollector(max_files, max_bytes)
@@ -342,23 +341,23 @@ class DockerSandboxBackend(SandboxBackend):
                 collector,
                 lambda name: name[len(root) :].lstrip("/") if name.startswith(root) else name,
             )
-        except (*_DOCKER_ERRORS, tarfile.TarError, OSError) as exc:
+        except (*DOCKER_ERRORS, tarfile.TarError, OSError) as exc:
             raise SandboxUnavailableError(f"cannot read {path} from sandbox {handle.name}: {exc}") from exc
         return collector.tree()
 
     def _remove_volume(self, name: str) -> None:
-        with contextlib.suppress(*_DOCKER_ERRORS):  # gone already, or the reaper removes it later
+        with contextlib.suppress(*DOCKER_ERRORS):  # gone already, or the reaper removes it later
             self.client.api.remove_volume(name, force=True)
 
     def _remove(self, container_id: str, name: str) -> None:
-        with contextlib.suppress(*_DOCKER_ERRORS):  # gone already, or the reaper removes it later
+        with contextlib.suppress(*DOCKER_ERRORS):  # gone already, or the reaper removes it later
             self.client.api.remove_container(container_id, force=True, v=True)
         self._remove_volume(name)
 
     def promote(self, handle: SandboxHandle) -> None:
         try:
             self.client.api.update_container(handle.sandbox_id, cpu_shares=SESSION_CPU_SHARES)
-        except _DOCKER_ERRORS as exc:
+        except DOCKER_ERRORS as exc:
             raise SandboxUnavailableError(f"sandbox {handle.name} is gone: {exc}") from exc
 
     def stop(self, handle: SandboxHandle) -> None:
