@@ -79,6 +79,11 @@ def start_sandbox(backend: SandboxBackend, spec: SandboxSpec, *, imports: tuple[
     return WarmSandbox(handle, kernel, warm=False)
 
 
+def _as_pool_spec(spec: SandboxSpec) -> SandboxSpec:
+    """``spec`` as the pool starts it: of no session yet, in the background."""
+    return replace(spec, evaluation_id=POOL_EVALUATION, task_index=0, attempt=0, background=True)
+
+
 class WarmPool:
     """Keeps up to ``size`` sandboxes started ahead (per executor process), starting at most ``starts`` at once;
     thread-safe, for the many sessions an executor runs at once.
@@ -98,7 +103,7 @@ class WarmPool:
         imports: tuple[str, ...] = DEFAULT_WARM_IMPORTS,
     ) -> None:
         self.backend = backend
-        self.template = replace(template, evaluation_id=POOL_EVALUATION, task_index=0, attempt=0, background=True)
+        self.template = _as_pool_spec(template)
         self.size = max(1, size)
         self.starts = max(1, starts)
         self.imports = imports
@@ -112,7 +117,7 @@ class WarmPool:
         self.last_error: str | None = None
 
     def _compatible(self, spec: SandboxSpec) -> bool:
-        return replace(spec, evaluation_id=POOL_EVALUATION, task_index=0, attempt=0, background=True) == self.template
+        return _as_pool_spec(spec) == self.template
 
     @property
     def ready_count(self) -> int:
