@@ -60,15 +60,15 @@ base-image: host-deps ## Make the local Debian bookworm base image (only when BA
 
 wheels: ## Download the images' Python packages into local wheelhouses (for Python 3.11.2)
 	@test -f "$(PBE_SUITE_DIR)/sandbox-requirements.txt" || { echo "no suite at $(PBE_SUITE_DIR): set PBE_SUITE_DIR" >&2; exit 1; }
-	@cmp -s "$(PBE_SUITE_DIR)/sandbox-requirements.txt" executor/image/staged/suite-requirements.txt \
-	  || cp "$(PBE_SUITE_DIR)/sandbox-requirements.txt" executor/image/staged/suite-requirements.txt
-	@bash scripts/stage-wheels.sh executor/image/staged/wheels \
-	  -r executor/image/kernel-requirements.txt -r executor/image/staged/suite-requirements.txt
+	@cmp -s "$(PBE_SUITE_DIR)/sandbox-requirements.txt" services/sandbox/image/staged/suite-requirements.txt \
+	  || cp "$(PBE_SUITE_DIR)/sandbox-requirements.txt" services/sandbox/image/staged/suite-requirements.txt
+	@bash scripts/stage-wheels.sh services/sandbox/image/staged/wheels \
+	  -r services/sandbox/image/kernel-requirements.txt -r services/sandbox/image/staged/suite-requirements.txt
 	@bash scripts/stage-wheels.sh staged/wheels -r requirements-app.txt
 
 images: base-image wheels ## Build the app, sandbox and redis images (layers are reused when nothing changed)
 	docker build -q --force-rm --build-arg BASE_IMAGE=$(BASE_IMAGE) -t pybench-eval/app:latest .
-	docker build -q --force-rm --build-arg BASE_IMAGE=$(BASE_IMAGE) -t pybench-eval/sandbox:latest executor/image
+	docker build -q --force-rm --build-arg BASE_IMAGE=$(BASE_IMAGE) -t pybench-eval/sandbox:latest services/sandbox/image
 	docker build -q --force-rm --build-arg BASE_IMAGE=$(REDIS_BASE_IMAGE) -t pybench-eval/redis:latest docker/redis
 
 model-image: $(VENV)/.installed base-image ## Build the image of the real model's server (profile smollm2; compiles llama.cpp once)

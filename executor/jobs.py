@@ -13,8 +13,6 @@ from typing import Any
 from redis import Redis
 
 from executor.pool import WarmPool
-from executor.sandboxes.base import SandboxBackend
-from executor.sandboxes.registry import get_backend
 from executor.session import SessionResult, key_lost, run_task_session
 from executor.settings import ExecutorSettings
 from executor.worker import current_pool
@@ -25,6 +23,8 @@ from services.logs import log_context
 from services.monitoring import record_session
 from services.netguard import EgressPolicy, pinned_transport
 from services.queues import SessionJob
+from services.sandbox.base import SandboxBackend
+from services.sandbox.registry import get_backend
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite

@@ -21,9 +21,9 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from executor.kernel import KernelClient
-from executor.sandboxes.base import SandboxBackend, SandboxSpec
 from services.errors import SandboxError
-from services.sandbox import SandboxHandle
+from services.sandbox.base import SandboxBackend, SandboxSpec
+from services.sandbox.contract import SandboxHandle
 
 log = logging.getLogger(__name__)
 

@@ -147,7 +147,7 @@ SNAPSHOT_EXPRESSION = f"__import__('sys').modules['{PROBE_MODULE}'].snapshot()"
 
 
 METADATA_KEY = "pbe_probe"
-"""Where the sandbox image's kernel class (``executor/image/pbe_kernel.py``) puts the reading in each
+"""Where the sandbox image's kernel class (``services/sandbox/image/pbe_kernel.py``) puts the reading in each
 ``execute_reply``'s metadata."""
 
 

@@ -9,8 +9,8 @@ project's sandbox labels, and by default only what is older than an hour (a runn
 import argparse
 import sys
 
-from executor.sandboxes.registry import get_backend
 from executor.settings import ExecutorSettings
+from services.sandbox.registry import get_backend
 
 DEFAULT_REAP_AGE_S = 3600.0
 """Sandboxes younger than this are left alone by default: they may belong to a running session."""

@@ -16,12 +16,12 @@ from typing import Any
 from executor.agent import AgentRun, run_agent
 from executor.messages import opening_messages
 from executor.pool import WarmPool, WarmSandbox, discard, start_sandbox
-from executor.sandboxes.base import SandboxBackend, Tree
 from executor.settings import ExecutorSettings
 from services.endpoint import EndpointClient
 from services.errors import SandboxError, SuiteError
 from services.evaluation import Evaluation
-from services.sandbox import WORKSPACE, SandboxHandle
+from services.sandbox.base import SandboxBackend, Tree
+from services.sandbox.contract import WORKSPACE, SandboxHandle
 from services.state import DEFAULT_SECRET_TTL_S
 from services.suite import Suite
 from services.task import Task

@@ -7,15 +7,15 @@ from pathlib import Path
 from pydantic import Field
 
 from executor.pool import DEFAULT_WARM_IMPORTS
-from executor.sandboxes.base import (
+from services.sandbox.base import (
     DEFAULT_CPUS,
     DEFAULT_MEMORY_MB,
     DEFAULT_PIDS,
     DEFAULT_READY_TIMEOUT_S,
     SandboxSpec,
 )
-from services.k8s_pods import DEFAULT_NAMESPACE as DEFAULT_K8S_NAMESPACE
-from services.sandbox import DEFAULT_SANDBOX_IMAGE, RuntimeVolumeMode
+from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, RuntimeVolumeMode
+from services.sandbox.k8s_pods import DEFAULT_NAMESPACE as DEFAULT_K8S_NAMESPACE
 from services.settings import ServiceSettings
 
 DEFAULT_SESSIONS_PER_WORKER = 16
@@ -50,7 +50,7 @@ class ExecutorSettings(ServiceSettings):
     SANDBOX_NETWORK: str = DEFAULT_SANDBOX_NETWORK
     SANDBOX_RUNTIME_VOLUME: RuntimeVolumeMode = "auto"
     """Serve the image's ``/opt/venv`` and ``/usr`` to Docker sandboxes from read-only volumes: ``auto`` (where the
-    engine's storage driver is FUSE), ``on`` or ``off`` (``services.docker_runtime``)."""
+    engine's storage driver is FUSE), ``on`` or ``off`` (``services.sandbox.runtime_volumes``)."""
     SANDBOX_MEMORY_MB: int = DEFAULT_MEMORY_MB
     SANDBOX_CPUS: float = DEFAULT_CPUS
     SANDBOX_PIDS: int = DEFAULT_PIDS

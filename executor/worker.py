@@ -38,13 +38,13 @@ from rq.timeouts import TimerDeathPenalty
 from rq.worker import SimpleWorker, WorkerStatus
 
 from executor.pool import POOL_EVALUATION, WarmPool
-from executor.sandboxes.base import SandboxBackend
-from executor.sandboxes.registry import get_backend
 from executor.settings import ExecutorSettings
 from services.components import SANDBOX_IMAGE, advertise
 from services.liveness import DEFAULT_HEARTBEAT_INTERVAL_S, ShortHeartbeat
 from services.logs import configure_logging
 from services.monitoring import SESSIONS_IN_FLIGHT, serve_worker_metrics
+from services.sandbox.base import SandboxBackend
+from services.sandbox.registry import get_backend
 from services.settings import redis_retry
 
 log = logging.getLogger(__name__)

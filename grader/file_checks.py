@@ -1,7 +1,7 @@
 """The checks that open produced files, one small function per kind. They run inside a grading sandbox.
 
 Loading an agent's pickle runs the agent's code, and parsing its files is the grader's largest attack
-surface, so these checks never run in the grader's process: ``grader.check_sandbox`` copies this file into a
+surface, so these checks never run in the grader's process: ``services.sandbox.grading_docker`` copies this file into a
 fresh container of the sandbox image (which has the scientific stack the tasks used) and runs it as
 ``python file_checks.py request.json``. Only the standard library is imported at module level; each kind
 imports what it needs (pandas, PIL, numpy, cv2, mutagen, pydub) when it runs.
@@ -255,6 +255,11 @@ PREDICT_ROWS = 20
 
 MODEL_LOADER = Path(__file__).with_name("model_loader.py")
 """The script that unpickles in a child interpreter (shipped beside this file into the grading sandbox)."""
+
+
+def checker_sources() -> dict[str, bytes]:
+    """The checker a grading sandbox runs, by file name: this file and ``model_loader.py``."""
+    return {path.name: path.read_bytes() for path in (Path(__file__), MODEL_LOADER)}
 
 
 def _load_pickle(path: Path, root: Path, with_joblib: bool, data: Path | None = None) -> tuple[int, list[str]]:

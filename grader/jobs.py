@@ -20,8 +20,7 @@ from typing import Any
 
 from redis import Redis
 
-from grader import session_files, shared_output
-from grader.check_backends import file_check_backend
+from grader import file_checks, session_files, shared_output
 from grader.grading import FileCheckRunner, OriginalView, grade, regrade_original
 from grader.judge import judge_key_lost, judge_session
 from grader.settings import GraderSettings
@@ -31,6 +30,7 @@ from services.logs import log_context
 from services.metrics import build_results
 from services.netguard import EgressPolicy
 from services.queues import GradeJob
+from services.sandbox.grading_backends import file_check_backend
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
@@ -69,7 +69,8 @@ def sandbox_runner(
     def run(checks: list[dict[str, Any]]) -> list[Any]:
         output_dir = store.output_dir(job.evaluation_id, job.task_index, job.attempt)
         files = session_files.gather(output_dir, suite, checks, borrowed.files if borrowed else None)
-        return file_check_backend()(checks, files, image=image, timeout_s=timeout_s)
+        runner = file_check_backend(GraderSettings(), file_checks.checker_sources())
+        return runner(checks, files, image=image, timeout_s=timeout_s)
 
     return run
 

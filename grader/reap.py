@@ -11,7 +11,8 @@ progress is younger).
 import argparse
 import sys
 
-from grader.check_backends import reap_grading_sandboxes
+from grader.settings import GraderSettings
+from services.sandbox.grading_backends import reap_grading_sandboxes
 
 DEFAULT_REAP_AGE_S = 600.0
 """Grading sandboxes younger than this are left alone by default: a grading may be using them."""
@@ -21,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Remove leftover pybench-eval grading sandboxes.")
     parser.add_argument("--older-than", type=float, default=DEFAULT_REAP_AGE_S, help="seconds (default 600)")
     args = parser.parse_args(argv)
-    removed = reap_grading_sandboxes(args.older_than)
+    removed = reap_grading_sandboxes(args.older_than, GraderSettings())
     for name in removed:
         print(f"removed {name}")
     print(f"{len(removed)} grading sandbox object(s) removed")

@@ -2,8 +2,8 @@
 
 from typing import Literal
 
-from services.k8s_pods import DEFAULT_NAMESPACE as DEFAULT_K8S_NAMESPACE
-from services.sandbox import DEFAULT_SANDBOX_IMAGE, RuntimeVolumeMode
+from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, RuntimeVolumeMode
+from services.sandbox.k8s_pods import DEFAULT_NAMESPACE as DEFAULT_K8S_NAMESPACE
 from services.settings import ServiceSettings
 
 
@@ -14,12 +14,12 @@ class GraderSettings(ServiceSettings):
     """The image whose containers run the checks that open produced files (the sessions' own sandbox image)."""
     SANDBOX_RUNTIME_VOLUME: RuntimeVolumeMode = "auto"
     """Serve the image's ``/opt/venv`` and ``/usr`` to grading containers from read-only volumes: ``auto`` (where the
-    engine's storage driver is FUSE), ``on`` or ``off`` (``services.docker_runtime``)."""
+    engine's storage driver is FUSE), ``on`` or ``off`` (``services.sandbox.runtime_volumes``)."""
     GRADING_TIMEOUT_S: float = 120.0
     """How long the checks of one session may run in their sandbox before it is killed (they then fail)."""
     GRADING_BACKEND: Literal["docker", "kubernetes"] = "docker"
-    """Where grading sandboxes run: ``docker`` (a container, ``grader.check_sandbox``) or ``kubernetes`` (a pod,
-    ``grader.check_pods``)."""
+    """Where grading sandboxes run: ``docker`` (a container, ``services.sandbox.grading_docker``) or ``kubernetes``
+    (a pod, ``services.sandbox.grading_pods``)."""
     K8S_NAMESPACE: str = DEFAULT_K8S_NAMESPACE
     """The namespace of the grading pods (the session sandboxes' namespace)."""
     K8S_RUNTIME_CLASS: str = ""

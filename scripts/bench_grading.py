@@ -25,12 +25,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from grader import session_files  # noqa: E402
-from grader.check_sandbox import run_file_checks  # noqa: E402
 from grader.checks import runs_in_process  # noqa: E402
+from grader.file_checks import checker_sources  # noqa: E402
 from grader.grading import grade  # noqa: E402
 from grader.variants import Grading, checks_for  # noqa: E402
 from services.recordings import read_recordings  # noqa: E402
-from services.sandbox import DEFAULT_SANDBOX_IMAGE  # noqa: E402
+from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE  # noqa: E402
+from services.sandbox.grading_docker import run_file_checks  # noqa: E402
 from services.suite import Suite, load_suite  # noqa: E402
 from services.task import Task  # noqa: E402
 from services.trajectory import EndReason, Message, Trajectory  # noqa: E402
@@ -89,7 +90,9 @@ def grade_task(
     )
 
     def run(checks: list[dict[str, Any]]) -> list[CheckResult]:
-        return run_file_checks(checks, session_files.gather(folder, suite, checks), image=image, timeout_s=120)
+        return run_file_checks(
+            checks, session_files.gather(folder, suite, checks), checker=checker_sources(), image=image, timeout_s=120
+        )
 
     began = time.perf_counter()
     verdict = grade(task, trajectory, produced, run)

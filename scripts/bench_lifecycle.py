@@ -2,7 +2,7 @@
 
 Runs ``--sessions`` task sessions one after another through the docker backend, as an executor does (start the
 sandbox, start and warm its kernel, copy the task's inputs, one trivial cell, collect ``./output``, stop), then
-one grading sandbox per session (``grader.check_sandbox.run_file_checks`` with a check that opens a produced
+one grading sandbox per session (``services.sandbox.grading_docker.run_file_checks`` with a check that opens a produced
 CSV), and an idle sandbox for ``--idle-s`` seconds. For each phase it records the wall time and the CPU the
 whole machine used meanwhile (``/proc/stat``: the engine, containerd, runc, fuse-overlayfs, the containers and
 this process alike), so run it on an otherwise idle machine. The wait for the kernel gateway inside
@@ -31,10 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from executor.kernel import KernelClient  # noqa: E402
 from executor.pool import WarmSandbox, discard, prewarm_code, start_sandbox  # noqa: E402
-from executor.sandboxes.base import SandboxSpec  # noqa: E402
-from executor.sandboxes.docker import DockerSandboxBackend  # noqa: E402
-from grader.check_sandbox import run_file_checks  # noqa: E402
-from services.sandbox import DEFAULT_SANDBOX_IMAGE, WORKSPACE  # noqa: E402
+from grader.file_checks import checker_sources  # noqa: E402
+from services.sandbox.base import SandboxSpec  # noqa: E402
+from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, WORKSPACE  # noqa: E402
+from services.sandbox.docker import DockerSandboxBackend  # noqa: E402
+from services.sandbox.grading_docker import run_file_checks  # noqa: E402
 
 BENCH_NETWORK = "pbe-bench-sandboxes"
 BENCH_EVALUATION = "bench-lifecycle"
@@ -160,6 +161,7 @@ def main() -> int:
                 results = run_file_checks(
                     [{"kind": "csv_no_nulls", "path": "./output/1.csv"}],
                     {f"output/{name}": data for name, data in files.items()},
+                    checker=checker_sources(),
                     image=args.image,
                     runtime_volume=args.runtime_volume,
                 )

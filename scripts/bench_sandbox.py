@@ -25,9 +25,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from executor.pool import POOL_EVALUATION, WarmPool, start_sandbox  # noqa: E402
-from executor.sandboxes.base import SandboxSpec  # noqa: E402
-from executor.sandboxes.docker import DockerSandboxBackend  # noqa: E402
-from services.sandbox import DEFAULT_SANDBOX_IMAGE  # noqa: E402
+from services.sandbox.base import SandboxSpec  # noqa: E402
+from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE  # noqa: E402
+from services.sandbox.docker import DockerSandboxBackend  # noqa: E402
 
 BENCH_NETWORK = "pbe-bench-sandboxes"
 BENCH_EVALUATION = "bench"

@@ -296,11 +296,11 @@ def make_venv(folder: Path) -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     folder.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([str(BASELINE_PYTHON), "-m", "venv", str(folder)], check=True)
-    wheels = ROOT / "executor" / "image" / "staged" / "wheels"
+    wheels = ROOT / "services" / "sandbox" / "image" / "staged" / "wheels"
     source = ["--no-index", "--find-links", str(wheels)] if any(wheels.glob("*.whl")) else []
     subprocess.run([str(folder / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    *source, "-r", str(ROOT / "executor" / "image" / "kernel-requirements.txt"),
-                    "-r", str(ROOT / "executor" / "image" / "staged" / "suite-requirements.txt")],
+                    *source, "-r", str(ROOT / "services" / "sandbox" / "image" / "kernel-requirements.txt"),
+                    "-r", str(ROOT / "services" / "sandbox" / "image" / "staged" / "suite-requirements.txt")],
                    check=True)  # fmt: skip
     subprocess.run(["chown", "-R", "nobody:nogroup", str(folder)], check=True)
     return folder / "bin" / "python"

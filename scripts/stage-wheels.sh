@@ -2,7 +2,7 @@
 # Download a wheelhouse for the images' interpreter, so image builds need no network.
 #
 # Usage: scripts/stage-wheels.sh DEST [pip requirement arguments...]
-#   e.g. scripts/stage-wheels.sh executor/image/staged/wheels -r reqs.txt
+#   e.g. scripts/stage-wheels.sh services/sandbox/image/staged/wheels -r reqs.txt
 #
 # The images run Debian bookworm's CPython 3.11.2 (or the public image's 3.11.x): wheels are chosen for
 # 3.11.2 on manylinux x86_64, not for the host's interpreter (newest releases of some packages need

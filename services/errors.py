@@ -36,7 +36,7 @@ never leave the module that raises them::
     Exception
     ├── Problem                            an API error, answered as a problem document        gateway.problems
     ├── CheckFailed, MalformedCheck        a file check's outcome, in the grading sandbox      grader.file_checks
-    └── _TooLarge                          output too large; becomes SandboxUnavailableError   executor.sandboxes.local
+    └── _TooLarge                          output too large; becomes SandboxUnavailableError   services.sandbox.local
 
 Each message says what to do next.
 """

@@ -135,7 +135,7 @@ class Trajectory(BaseModel):
     """What was collected from ``./output`` (``./output/...``; an empty folder ends with ``/``), stored and graded:
     all of it, unless ``output_truncated`` says otherwise."""
     output_truncated: str | None = None
-    """Set when ``./output`` held more than a session may leave (``executor.sandboxes.base.DEFAULT_MAX_TREE_FILES``
+    """Set when ``./output`` held more than a session may leave (``services.sandbox.base.DEFAULT_MAX_TREE_FILES``
     entries, ``DEFAULT_MAX_TREE_BYTES`` bytes): how much it held, what was kept (the first entries by name,
     listed in ``output_files``) and from which name on the rest was dropped. None: nothing was dropped (and in
     trajectories recorded before the caps)."""

@@ -47,7 +47,7 @@ def sandbox_network() -> Iterator[str]:
     """The name of an internal network for the tests' sandboxes; removed, with any sandbox left on it, at the end."""
     import docker
 
-    from services.sandbox import ROLE_LABEL, SANDBOX_ROLE
+    from services.sandbox.contract import ROLE_LABEL, SANDBOX_ROLE
 
     name = "pbe-test-sandboxes"
     yield name

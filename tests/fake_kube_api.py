@@ -17,7 +17,7 @@ plays pod phases:
   files really go in and out. A pod that is gone refuses the upgrade with 404.
 
 A pod that declares a container port plays the sandbox image's program: a real kernel gateway
-(``jupyter_kernel_gateway``, as ``executor.sandboxes.local`` starts it) with the pod's ``KG_AUTH_TOKEN``, in the
+(``jupyter_kernel_gateway``, as ``services.sandbox.local`` starts it) with the pod's ``KG_AUTH_TOKEN``, in the
 pod's workspace, on a free port of 127.0.0.1 that ``gateway_port(name)`` tells (the backend under test takes it
 as its test-only port override: every fake pod shares the address 127.0.0.1).
 """
@@ -47,7 +47,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from executor.sandboxes.local import DEFAULT_CONFIG_FILE, DEFAULT_GATEWAY_COMMAND
+from services.sandbox.local import DEFAULT_CONFIG_FILE, DEFAULT_GATEWAY_COMMAND
 from tests.servers import free_port
 
 SANDBOX_PATHS = ("/workspace", "/grading", "/tmp", "/home/sandbox")

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gateway.settings import GatewaySettings
-from services.sandbox import PROJECT, PROJECT_LABEL, ROLE_LABEL, RUNTIME_ROLES
+from services.sandbox.contract import PROJECT, PROJECT_LABEL, ROLE_LABEL, RUNTIME_ROLES
 
 ROOT = Path(__file__).resolve().parent.parent
 

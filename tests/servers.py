@@ -17,7 +17,7 @@ from typing import Any
 import uvicorn
 from redis import Redis
 
-from services.sandbox import ROLE_LABEL
+from services.sandbox.contract import ROLE_LABEL
 
 
 def free_port() -> int:

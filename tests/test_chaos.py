@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from gateway.client import GatewayClient, GatewayError, GatewayUnreachableError
-from services.sandbox import EVALUATION_LABEL, ROLE_LABEL, SANDBOX_ROLE, WORKER_LABEL
+from services.sandbox.contract import EVALUATION_LABEL, ROLE_LABEL, SANDBOX_ROLE, WORKER_LABEL
 from services.suite import load_suite
 from tests.fixtures import compose_stack, sandbox_objects
 

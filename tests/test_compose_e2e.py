@@ -14,7 +14,7 @@ import pytest
 from executor.messages import INTERPRETER_PREFIX, opening_messages
 from executor.pool import POOL_EVALUATION
 from gateway.client import GatewayClient, GatewayError
-from services.sandbox import EVALUATION_LABEL, GRADING_ROLE, ROLE_LABEL, SANDBOX_ROLE
+from services.sandbox.contract import EVALUATION_LABEL, GRADING_ROLE, ROLE_LABEL, SANDBOX_ROLE
 from services.suite import load_suite
 from tests.fixtures import compose_stack, sandbox_objects
 

@@ -14,7 +14,8 @@ import docker.client
 import docker.errors
 import pytest
 
-from services.docker_runtime import (
+from services.sandbox.contract import PROJECT, PROJECT_LABEL, ROLE_LABEL, RUNTIME_COPY_ROLE, RUNTIME_MARKER_ROLE
+from services.sandbox.runtime_volumes import (
     COPY_LABEL,
     FUSE_DRIVERS,
     IMAGE_LABEL,
@@ -25,7 +26,6 @@ from services.docker_runtime import (
     copy_names,
     marker_name,
 )
-from services.sandbox import PROJECT, PROJECT_LABEL, ROLE_LABEL, RUNTIME_COPY_ROLE, RUNTIME_MARKER_ROLE
 
 pytestmark = pytest.mark.docker
 

@@ -23,15 +23,16 @@ import docker.client
 import pytest
 
 from grader import file_checks
-from grader.check_sandbox import parse_results, reap, run_file_checks, workspace_name
 from services.errors import SandboxStartError
-from services.sandbox import DEFAULT_SANDBOX_IMAGE, GRADING_ROLE, ROLE_LABEL
+from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, GRADING_ROLE, ROLE_LABEL
+from services.sandbox.grading_docker import parse_results, reap, run_file_checks, workspace_name
 from services.verdict import CheckResult
 from tests.servers import files_made_in_sandbox_image
 
 pytestmark = pytest.mark.docker
 
 IMAGE = DEFAULT_SANDBOX_IMAGE
+CHECKER = file_checks.checker_sources()
 GRADING_LABEL = f"{ROLE_LABEL}={GRADING_ROLE}"
 
 GENERATOR = r"""
@@ -399,7 +400,7 @@ def graded(engine: Any) -> tuple[list[tuple[bool | None, dict[str, Any]]], list[
     cases = suite_cases()
     since, started = int(time.time()), time.monotonic()
     # A long time limit: 22 of the cases start an interpreter of their own (pickles), on a machine that may be busy.
-    results = run_file_checks([check for _, check in cases], files, timeout_s=240)
+    results = run_file_checks([check for _, check in cases], files, checker=CHECKER, timeout_s=240)
     elapsed = time.monotonic() - started
     created = engine.events(
         since=since,
@@ -539,7 +540,7 @@ def test_a_check_that_never_ends_is_cut_and_its_sandbox_removed(engine: Any) -> 
         {"kind": "pickle_loads", "path": "./output/slow.pkl"},
     ]
     started = time.monotonic()
-    results = run_file_checks(checks, files, timeout_s=3)
+    results = run_file_checks(checks, files, checker=CHECKER, timeout_s=3)
     assert time.monotonic() - started < 15
     assert [(r.kind, r.passed, r.detail) for r in results] == [
         ("csv_rows", False, "grading sandbox timed out after 3 s"),
@@ -552,12 +553,12 @@ def test_a_check_that_never_ends_is_cut_and_its_sandbox_removed(engine: Any) -> 
 def test_a_missing_image_or_engine_is_a_start_error_that_says_what_to_do(engine: Any, tmp_path: Path) -> None:
     checks = [{"kind": "dir_exists", "path": "./output"}]
     with pytest.raises(SandboxStartError, match="make images"):
-        run_file_checks(checks, {}, image="pybench-eval/no-such-image:never")
+        run_file_checks(checks, {}, checker=CHECKER, image="pybench-eval/no-such-image:never")
     assert not engine.volumes.list(filters={"label": GRADING_LABEL})
     nowhere = docker.client.DockerClient(base_url=f"unix://{tmp_path}/no-engine.sock", version="1.41")
     with pytest.raises(SandboxStartError, match="Docker engine"):
-        run_file_checks(checks, {}, client=nowhere)
-    assert run_file_checks([], {}) == []
+        run_file_checks(checks, {}, checker=CHECKER, client=nowhere)
+    assert run_file_checks([], {}, checker=CHECKER) == []
     assert reap(client=engine) == []
 
 

@@ -19,7 +19,7 @@ from grader.jobs import RunnerFactory, grade_and_record, sandbox_runners
 from services.evaluation import Evaluation, ModelEndpoint, Sampling
 from services.lifecycle import TaskLifecycle
 from services.queues import GradeJob
-from services.sandbox import DEFAULT_SANDBOX_IMAGE, GRADING_ROLE, ROLE_LABEL
+from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, GRADING_ROLE, ROLE_LABEL
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite

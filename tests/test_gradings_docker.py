@@ -15,10 +15,11 @@ import docker
 import pytest
 
 from grader import session_files
-from grader.check_sandbox import run_file_checks
+from grader.file_checks import checker_sources
 from grader.grading import grade
 from services.recordings import recording_of
-from services.sandbox import DEFAULT_SANDBOX_IMAGE
+from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE
+from services.sandbox.grading_docker import run_file_checks
 from services.suite import Suite, load_suite
 from services.trajectory import EndReason, Message, Trajectory
 from services.verdict import CheckResult, VerdictStatus
@@ -27,6 +28,7 @@ from tests.servers import files_made_in_sandbox_image
 pytestmark = pytest.mark.docker
 
 IMAGE = DEFAULT_SANDBOX_IMAGE
+CHECKER = checker_sources()
 
 SOLUTIONS = r"""
 import base64, io, sys, tarfile
@@ -134,7 +136,9 @@ def test_recorded_sessions_differ_between_the_gradings_exactly_where_the_benchma
     output_dir = outputs / str(index)
 
     def run(checks: list[dict[str, Any]]) -> list[CheckResult]:
-        return run_file_checks(checks, session_files.gather(output_dir, suite, checks), image=IMAGE, timeout_s=120)
+        return run_file_checks(
+            checks, session_files.gather(output_dir, suite, checks), checker=CHECKER, image=IMAGE, timeout_s=120
+        )
 
     produced = sorted(f"./output/{p.name}" for p in output_dir.iterdir()) if output_dir.is_dir() else []
     verdict = grade(task, recorded(suite_path, index), produced, run)
@@ -161,7 +165,9 @@ def test_a_pickle_that_runs_a_command_passes_the_original_grading_only_and_the_f
     (tmp_path / f"{index}.pkl").write_bytes(pickle.dumps(Reduce(os.getpid)))
 
     def run(checks: list[dict[str, Any]]) -> list[CheckResult]:
-        return run_file_checks(checks, session_files.gather(tmp_path, suite, checks), image=IMAGE, timeout_s=120)
+        return run_file_checks(
+            checks, session_files.gather(tmp_path, suite, checks), checker=CHECKER, image=IMAGE, timeout_s=120
+        )
 
     verdict = grade(suite.task(index), recorded(suite_path, index), [f"./output/{index}.pkl"], run)
     assert verdict.fixed is not None

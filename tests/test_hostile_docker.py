@@ -18,9 +18,9 @@ import pytest
 
 from executor.kernel import KernelClient
 from executor.output import DEFAULT_MAX_OUTPUT_CHARS
-from executor.sandboxes.base import SandboxSpec
-from executor.sandboxes.docker import DockerSandboxBackend
-from services.sandbox import EVALUATION_LABEL, ROLE_LABEL, TASK_LABEL, SandboxHandle
+from services.sandbox.base import SandboxSpec
+from services.sandbox.contract import EVALUATION_LABEL, ROLE_LABEL, TASK_LABEL, SandboxHandle
+from services.sandbox.docker import DockerSandboxBackend
 from services.trajectory import Execution
 from tests.fixtures import sandbox_objects
 

@@ -11,12 +11,12 @@ from rq.serializers import JSONSerializer
 
 from executor.jobs import execute_session
 from executor.replay.server import create_app
-from executor.sandboxes.registry import get_backend
 from executor.settings import ExecutorSettings
 from grader.jobs import grade_and_record
 from services.evaluation import Evaluation, ModelEndpoint, Sampling, TaskState
 from services.lifecycle import MAX_ATTEMPTS, TaskLifecycle, should_retry
 from services.queues import GRADING_QUEUE, SESSIONS_QUEUE, GradeJob, SessionJob
+from services.sandbox.registry import get_backend
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
 from services.trajectory import EndReason

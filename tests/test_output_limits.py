@@ -9,8 +9,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from redis import Redis
 
-from executor.sandboxes.base import DEFAULT_MAX_TREE_FILES
 from services.evaluation import ModelEndpoint
+from services.sandbox.base import DEFAULT_MAX_TREE_FILES
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
 from services.trajectory import EndReason

@@ -6,9 +6,9 @@ import docker
 import pytest
 
 from executor.pool import POOL_EVALUATION, WarmPool
-from executor.sandboxes.base import SandboxSpec
-from executor.sandboxes.docker import BACKGROUND_CPU_SHARES, SESSION_CPU_SHARES, DockerSandboxBackend
-from services.sandbox import DEFAULT_SANDBOX_IMAGE, EVALUATION_LABEL
+from services.sandbox.base import SandboxSpec
+from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, EVALUATION_LABEL
+from services.sandbox.docker import BACKGROUND_CPU_SHARES, SESSION_CPU_SHARES, DockerSandboxBackend
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -117,7 +117,7 @@ def test_a_pool_of_two_keeps_two_ready_labelled_with_its_worker_and_the_next_lif
     backend: DockerSandboxBackend,
 ) -> None:
     from executor.worker import _sweep
-    from services.sandbox import WORKER_LABEL
+    from services.sandbox.contract import WORKER_LABEL
 
     spec = SandboxSpec(EVALUATION, 0, 0, image=IMAGE, worker="pool-test-worker")
     pool = WarmPool(backend, spec, size=2, starts=2, imports=())

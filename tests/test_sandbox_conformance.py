@@ -20,10 +20,10 @@ import psutil
 import pytest
 
 from executor.kernel import KernelClient
-from executor.sandboxes.base import SandboxBackend, SandboxSpec
-from executor.sandboxes.local import LocalSandboxBackend
 from services.errors import SandboxError, SandboxUnavailableError
-from services.sandbox import DEFAULT_SANDBOX_IMAGE, SANDBOX_NAME_PREFIX, SandboxHandle
+from services.sandbox.base import SandboxBackend, SandboxSpec
+from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, SANDBOX_NAME_PREFIX, SandboxHandle
+from services.sandbox.local import LocalSandboxBackend
 
 SANDBOX_IMAGE = DEFAULT_SANDBOX_IMAGE
 
@@ -89,7 +89,7 @@ def _docker_exists(handle: SandboxHandle) -> bool:
 def _kubernetes_exists(handle: SandboxHandle) -> bool:
     from kubernetes.client.rest import ApiException
 
-    from executor.sandboxes.kubernetes import KubernetesSandboxBackend
+    from services.sandbox.kubernetes import KubernetesSandboxBackend
 
     backend = KubernetesSandboxBackend(os.environ.get("PBE_K8S_NAMESPACE", "pybench-eval-sandboxes"))
     try:
@@ -111,7 +111,7 @@ def kind(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         kubeconfig = os.environ.get("KUBECONFIG", "")
         if not kubeconfig or not all(Path(path).is_file() for path in kubeconfig.split(os.pathsep)):
             pytest.skip("KUBECONFIG does not point at a real cluster's configuration (no Kubernetes API here)")
-        from executor.sandboxes.kubernetes import KubernetesSandboxBackend
+        from services.sandbox.kubernetes import KubernetesSandboxBackend
 
         namespace = os.environ.get("PBE_K8S_NAMESPACE", "pybench-eval-sandboxes")
         runtime_class = os.environ.get("PBE_K8S_RUNTIME_CLASS") or None
@@ -121,7 +121,7 @@ def kind(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
             lambda: KubernetesSandboxBackend(namespace, runtime_class),
             _kubernetes_exists,
         )
-    from executor.sandboxes.docker import DockerSandboxBackend
+    from services.sandbox.docker import DockerSandboxBackend
 
     network: str = request.getfixturevalue("sandbox_network")
     return Kind("docker", SANDBOX_IMAGE, lambda: DockerSandboxBackend(network=network), _docker_exists)

@@ -9,17 +9,17 @@ import docker
 import pytest
 
 from executor.kernel import KernelClient
-from executor.sandboxes.base import SandboxSpec
-from executor.sandboxes.docker import DockerSandboxBackend
-from services.docker_runtime import RUNTIME_PATHS
 from services.errors import SandboxStartError, SandboxUnavailableError
-from services.sandbox import (
+from services.sandbox.base import SandboxSpec
+from services.sandbox.contract import (
     DEFAULT_SANDBOX_IMAGE,
     EVALUATION_LABEL,
     SANDBOX_NAME_PREFIX,
     TASK_LABEL,
     SandboxHandle,
 )
+from services.sandbox.docker import DockerSandboxBackend
+from services.sandbox.runtime_volumes import RUNTIME_PATHS
 
 pytestmark = pytest.mark.docker
 

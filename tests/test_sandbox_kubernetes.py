@@ -21,20 +21,22 @@ import pytest
 from kubernetes import client
 
 from executor.kernel import KernelClient
-from executor.sandboxes.base import SandboxSpec
-from executor.sandboxes.kubernetes import KubernetesSandboxBackend
-from executor.sandboxes.registry import get_backend
 from executor.settings import ExecutorSettings
-from grader import check_pods
-from grader.check_backends import file_check_backend
+from grader.file_checks import checker_sources
 from grader.settings import GraderSettings
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
-from services.k8s_pods import DEFAULT_NAMESPACE
-from services.sandbox import SandboxHandle
+from services.sandbox import grading_pods
+from services.sandbox.base import SandboxSpec
+from services.sandbox.contract import SandboxHandle
+from services.sandbox.grading_backends import file_check_backend
+from services.sandbox.k8s_pods import DEFAULT_NAMESPACE
+from services.sandbox.kubernetes import KubernetesSandboxBackend
+from services.sandbox.registry import get_backend
 from tests.fake_kube_api import FakeKubeAPI
 from tests.servers import free_port
 
 NAMESPACE = DEFAULT_NAMESPACE
+CHECKER = checker_sources()
 
 
 @pytest.fixture(scope="module")
@@ -451,7 +453,7 @@ def test_reap_by_evaluation_by_worker_and_by_age(fake: FakeKubeAPI, backend: Kub
     assert not any(name in left for name in pods.values())
     selectors = [r.query.get("labelSelector", [""])[0] for r in fake.requests_to("GET", "/pods")]
     assert any("pybench-eval.evaluation=reap-a" in s and "pybench-eval.role=sandbox" in s for s in selectors)
-    assert check_pods.reap(configuration=configuration(fake.url)) == ["pbe-grd-leftover"]
+    assert grading_pods.reap(configuration=configuration(fake.url)) == ["pbe-grd-leftover"]
     backend.reap(evaluation_id="reap-c")
 
 
@@ -492,9 +494,10 @@ def test_the_registry_and_the_grader_settings_choose_kubernetes(monkeypatch: pyt
     assert (backend.namespace, backend.runtime_class) == ("elsewhere", "gvisor")
     assert GraderSettings().GRADING_BACKEND == "docker"
     monkeypatch.setenv("PBE_GRADING_BACKEND", "kubernetes")
-    runner = file_check_backend()
-    assert getattr(runner, "func", None) is check_pods.run_file_checks
-    assert getattr(runner, "keywords", {}) == {"namespace": "elsewhere", "runtime_class": "gvisor"}
+    runner = file_check_backend(GraderSettings(), CHECKER)
+    assert getattr(runner, "func", None) is grading_pods.run_file_checks
+    keywords = {"checker": CHECKER, "namespace": "elsewhere", "runtime_class": "gvisor"}
+    assert getattr(runner, "keywords", {}) == keywords
 
 
 # --- grading pods -------------------------------------------------------------------------------------------
@@ -518,7 +521,9 @@ def test_grading_pod_runs_real_checks_on_the_files_and_is_deleted(fake: FakeKube
         "../escape.txt": b"left out",
     }
     before = set(fake.pod_names())
-    results = check_pods.run_file_checks(checks, files, timeout_s=60, configuration=configuration(fake.url))
+    results = grading_pods.run_file_checks(
+        checks, files, checker=CHECKER, timeout_s=60, configuration=configuration(fake.url)
+    )
     assert [(r.kind, r.passed) for r in results] == [
         ("pickle_loads", True),
         ("dir_has_ext", True),
@@ -548,8 +553,12 @@ def test_grading_pod_runs_real_checks_on_the_files_and_is_deleted(fake: FakeKube
 def test_a_grading_that_outlives_its_time_fails_its_checks_and_the_pod_is_deleted(fake: FakeKubeAPI) -> None:
     checks = [{"kind": "pickle_loads", "path": "./output/slow.pkl"}]
     started_at = time.monotonic()
-    results = check_pods.run_file_checks(
-        checks, {"output/slow.pkl": pickle.dumps(_SlowToLoad())}, timeout_s=2, configuration=configuration(fake.url)
+    results = grading_pods.run_file_checks(
+        checks,
+        {"output/slow.pkl": pickle.dumps(_SlowToLoad())},
+        checker=CHECKER,
+        timeout_s=2,
+        configuration=configuration(fake.url),
     )
     assert [(r.passed, r.detail) for r in results] == [(False, "grading sandbox timed out after 2 s")]
     assert time.monotonic() - started_at < 15
@@ -558,15 +567,16 @@ def test_a_grading_that_outlives_its_time_fails_its_checks_and_the_pod_is_delete
 
 def test_a_grading_pod_the_api_refuses_raises_start_error(fake: FakeKubeAPI) -> None:
     with pytest.raises(SandboxStartError, match="forbidden"):
-        check_pods.run_file_checks(
+        grading_pods.run_file_checks(
             [{"kind": "dir_exists", "path": "./output"}],
             {},
+            checker=CHECKER,
             namespace="forbidden-sandboxes",
             configuration=configuration(fake.url),
         )
     fake.fail_pods["pbe-grd-"] = "OOMKilled"
     with pytest.raises(SandboxStartError, match="did not start"):
-        check_pods.run_file_checks(
-            [{"kind": "dir_exists", "path": "./output"}], {}, configuration=configuration(fake.url)
+        grading_pods.run_file_checks(
+            [{"kind": "dir_exists", "path": "./output"}], {}, checker=CHECKER, configuration=configuration(fake.url)
         )
     assert not any(name.startswith("pbe-grd-") for name in fake.pod_names())

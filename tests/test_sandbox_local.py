@@ -12,12 +12,12 @@ import psutil
 import pytest
 
 from executor.kernel import KernelClient
-from executor.sandboxes.base import SandboxSpec
-from executor.sandboxes.local import DEFAULT_GATEWAY_COMMAND, LocalSandboxBackend
-from executor.sandboxes.registry import get_backend
 from executor.settings import ExecutorSettings
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
-from services.sandbox import SandboxHandle
+from services.sandbox.base import SandboxSpec
+from services.sandbox.contract import SandboxHandle
+from services.sandbox.local import DEFAULT_GATEWAY_COMMAND, LocalSandboxBackend
+from services.sandbox.registry import get_backend
 
 
 def spec(evaluation_id: str = "local-test", ready_timeout_s: float = 60.0) -> SandboxSpec:

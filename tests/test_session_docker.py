@@ -16,12 +16,12 @@ from rq.serializers import JSONSerializer
 from executor.jobs import execute_session
 from executor.messages import INTERPRETER_PREFIX, opening_messages
 from executor.replay.server import create_app
-from executor.sandboxes.docker import DockerSandboxBackend
 from executor.settings import ExecutorSettings
 from services.evaluation import Evaluation, ModelEndpoint, Sampling, TaskState
 from services.lifecycle import TaskLifecycle
 from services.queues import GRADING_QUEUE, GradeJob, SessionJob, grade_job_id
 from services.recordings import recording_of
+from services.sandbox.docker import DockerSandboxBackend
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import load_suite

@@ -14,9 +14,9 @@ from fastapi.responses import JSONResponse
 
 from executor.agent import EXECUTE_PYTHON_TOOL, run_agent
 from executor.kernel import KernelClient
-from executor.sandboxes.base import SandboxSpec
-from executor.sandboxes.local import LocalSandboxBackend
 from services.endpoint import EndpointClient
+from services.sandbox.base import SandboxSpec
+from services.sandbox.local import LocalSandboxBackend
 from services.trajectory import EndReason, Message
 from tests.servers import serve
 

@@ -1,8 +1,8 @@
 """The grading sandbox on Kubernetes: checks that open produced files run in a fresh, throwaway pod of the sandbox
-image, as ``grader.check_sandbox`` runs them in a container on Docker (same contract, same results).
+image, as ``services.sandbox.grading_docker`` runs them in a container on Docker (same contract, same results).
 
 Each call creates one pod in the sandboxes' namespace, hardened as the session pods are
-(``services.k8s_pods``: user 1000, read-only root, every capability dropped, no privilege escalation, seccomp
+(``services.sandbox.k8s_pods``: user 1000, read-only root, every capability dropped, no privilege escalation, seccomp
 ``RuntimeDefault``, no service-account token, no service links, CPU and memory limits, an active deadline), that
 only sleeps. It needs no network and gets none: it listens on no port, and the namespace's NetworkPolicy denies
 every packet in and out. Through the ``pods/exec`` subresource the files, ``file_checks.py`` (with
@@ -20,12 +20,19 @@ checks run as (on Docker they belong to root); a check can change them, within t
 import json
 import secrets
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from grader.check_sandbox import (
+from services.errors import SandboxStartError, SandboxUnavailableError
+from services.sandbox import k8s_client
+from services.sandbox.contract import (
+    DEFAULT_SANDBOX_IMAGE,
+    GRADING_NAME_PREFIX,
+)
+from services.sandbox.grading_docker import (
     CHECKER_ENVIRONMENT,
     DEFAULT_CPUS,
     DEFAULT_MEMORY_MB,
@@ -39,9 +46,7 @@ from grader.check_sandbox import (
     parse_results,
     request_archive,
 )
-from services import k8s_client
-from services.errors import SandboxStartError, SandboxUnavailableError
-from services.k8s_pods import (
+from services.sandbox.k8s_pods import (
     CONTAINER_NAME,
     DEFAULT_NAMESPACE,
     GRADING_COMPONENT,
@@ -49,10 +54,6 @@ from services.k8s_pods import (
     label_selector,
     pod_labels,
     sandbox_pod,
-)
-from services.sandbox import (
-    DEFAULT_SANDBOX_IMAGE,
-    GRADING_NAME_PREFIX,
 )
 from services.verdict import CheckResult
 
@@ -70,6 +71,7 @@ def run_file_checks(
     checks: list[dict[str, Any]],
     files: dict[str, bytes],
     *,
+    checker: Mapping[str, bytes],
     image: str = DEFAULT_SANDBOX_IMAGE,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     namespace: str = DEFAULT_NAMESPACE,
@@ -83,6 +85,7 @@ def run_file_checks(
         files: the workspace, by workspace-relative name (``output/2.csv``); a name ending in ``/`` is a folder.
             A name that is absolute or climbs out with ``..`` is left out, and so is a file whose name is also a
             folder's.
+        checker: the checker's scripts by file name, the grader's ``grader.file_checks.checker_sources()``.
         image: the sandbox image.
         timeout_s: how long the checks may run once the files are in.
         namespace: the sandboxes' namespace (``PBE_K8S_NAMESPACE``).
@@ -102,7 +105,7 @@ def run_file_checks(
     configuration = configuration or k8s_client.load_configuration()
     core = client.CoreV1Api(client.ApiClient(configuration))
     name = f"{GRADING_NAME_PREFIX}{secrets.token_hex(6)}"
-    archive = request_archive(checks, files, root=".")  # the checker runs in the workspace
+    archive = request_archive(checks, files, checker, root=".")  # the checker runs in the workspace
     spare_mb = len(archive) // 2**20 + DEFAULT_SPARE_MB
     deadline_s = int(DEFAULT_START_TIMEOUT_S + timeout_s) + 60
     manifest = sandbox_pod(

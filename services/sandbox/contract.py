@@ -16,15 +16,15 @@ from pydantic import BaseModel, Field
 
 DEFAULT_SANDBOX_IMAGE = "pybench-eval/sandbox:latest"
 """The image sessions run in, and grading checks open produced files in (``make images`` builds it from
-``executor/image/``)."""
+``services/sandbox/image/``)."""
 
 RuntimeVolumeMode = Literal["auto", "on", "off"]
 """Whether Docker sandboxes read the image's ``/opt/venv`` and ``/usr`` from read-only volumes
-(``services.docker_runtime``): ``auto`` where the engine's storage driver is FUSE, ``on``, ``off``."""
+(``services.sandbox.runtime_volumes``): ``auto`` where the engine's storage driver is FUSE, ``on``, ``off``."""
 
 RUNTIME_COPY_ROLE = "sandbox-runtime"
 """The role of a volume that holds a copy of one of an image's folders, ``/opt/venv`` or ``/usr``
-(``services.docker_runtime``)."""
+(``services.sandbox.runtime_volumes``)."""
 RUNTIME_MARKER_ROLE = "sandbox-runtime-marker"
 """The role of the volume that names an image's published copy."""
 RUNTIME_ROLES = frozenset({RUNTIME_COPY_ROLE, RUNTIME_MARKER_ROLE})

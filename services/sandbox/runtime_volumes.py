@@ -30,8 +30,7 @@ from typing import Any
 import docker.errors
 from docker.types import Mount
 
-from services.docker_errors import DOCKER_ERRORS
-from services.sandbox import (
+from services.sandbox.contract import (
     PROJECT,
     PROJECT_LABEL,
     ROLE_LABEL,
@@ -39,6 +38,7 @@ from services.sandbox import (
     RUNTIME_MARKER_ROLE,
     RuntimeVolumeMode,
 )
+from services.sandbox.docker_errors import DOCKER_ERRORS
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ same pods the reaper does.
 from datetime import datetime
 from typing import Any
 
-from services.sandbox import GRADING_ROLE, PROJECT, SANDBOX_ROLE
+from services.sandbox.contract import GRADING_ROLE, PROJECT, SANDBOX_ROLE
 
 DEFAULT_NAMESPACE = "pybench-eval-sandboxes"
 """The namespace sandbox pods run in, unless ``PBE_K8S_NAMESPACE`` says otherwise (it enforces Pod Security

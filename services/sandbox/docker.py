@@ -7,9 +7,9 @@ What it may write is size-capped and in memory: ``/tmp`` and its home are tmpfs 
 tmpfs-backed volume of its own (a volume, so files can be copied in and out of it while the root stays read-only).
 Where the engine's storage driver is FUSE, its ``/opt/venv`` (the kernel gateway, the kernel and the scientific stack)
 and ``/usr`` (the interpreter and the standard library) are the image's own, copied once into volumes and mounted
-read-only (``services.docker_runtime``): the imports then do not go through a FUSE daemon. Its routing table holds one
-route, to the executor (``_CONFINE_ENTRYPOINT``): no default route, and no way to another sandbox on the shared
-bridge. Its only environment variable is its own gateway token. Every container carries the labels
+read-only (``services.sandbox.runtime_volumes``): the imports then do not go through a FUSE daemon. Its routing table
+holds one route, to the executor (``_CONFINE_ENTRYPOINT``): no default route, and no way to another sandbox on the
+shared bridge. Its only environment variable is its own gateway token. Every container carries the labels
 ``pybench-eval.role=sandbox``, ``pybench-eval.evaluation``, ``.task`` and ``.attempt``, and a name that starts with
 ``pbe-sbx-`` (``services.sandbox``), so ``reap`` finds what a crashed worker left behind; its workspace volume and the
 network carry the project label and roles of their own.
@@ -29,7 +29,8 @@ import docker.client
 import docker.errors
 import httpx
 
-from executor.sandboxes.base import (
+from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
+from services.sandbox.base import (
     DEFAULT_MAX_TREE_BYTES,
     DEFAULT_MAX_TREE_FILES,
     ChunkReader,
@@ -40,10 +41,7 @@ from executor.sandboxes.base import (
     collect_tar,
     one_file_archive,
 )
-from services.docker_errors import DOCKER_ERRORS
-from services.docker_runtime import RuntimeVolumes
-from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
-from services.sandbox import (
+from services.sandbox.contract import (
     PROJECT,
     PROJECT_LABEL,
     ROLE_LABEL,
@@ -56,6 +54,8 @@ from services.sandbox import (
     sandbox_labels,
     sandbox_name,
 )
+from services.sandbox.docker_errors import DOCKER_ERRORS
+from services.sandbox.runtime_volumes import RuntimeVolumes
 
 DEFAULT_GATEWAY_PORT = 8888
 """The port the kernel gateway listens on inside the container."""
@@ -70,7 +70,7 @@ _WORKSPACE_ROLE = "sandbox-workspace"
 _NETWORK_ROLE = "sandbox-network"
 _CONFINE_ENTRYPOINT = "/usr/local/bin/confine-sandbox"
 """The sandbox image's entrypoint that confines its network and drops to the sandbox user
-(``executor/image/confine-sandbox.sh``): the routing table keeps one host route, to the executor (no default
+(``services/sandbox/image/confine-sandbox.sh``): the routing table keeps one host route, to the executor (no default
 route: no internet, no metadata address; no route to another sandbox on the shared bridge), the engine's resolver
 is out of reach, and then tini and the kernel gateway run as uid 1000 with every capability set empty."""
 _CONFINE_CAPABILITIES = ("NET_ADMIN", "SETUID", "SETGID", "SETPCAP")
@@ -108,7 +108,8 @@ class DockerSandboxBackend(SandboxBackend):
 
     @property
     def runtime(self) -> RuntimeVolumes:
-        """The image's ``/opt/venv`` and ``/usr`` served from read-only volumes (``services.docker_runtime``)."""
+        """The image's ``/opt/venv`` and ``/usr`` served from read-only volumes
+        (``services.sandbox.runtime_volumes``)."""
         if self._runtime is None:
             self._runtime = RuntimeVolumes(self.client, self._runtime_mode)
         return self._runtime

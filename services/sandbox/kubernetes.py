@@ -1,6 +1,6 @@
 """The Kubernetes backend: one pod per session, from the sandbox image, in the sandboxes' namespace.
 
-Each pod is hardened as the Docker sandboxes are (``services.k8s_pods``: user 1000, read-only root, every
+Each pod is hardened as the Docker sandboxes are (``services.sandbox.k8s_pods``: user 1000, read-only root, every
 capability dropped, no privilege escalation, seccomp ``RuntimeDefault``, memory-backed size-capped ``emptyDir``
 folders for ``/workspace``, ``/tmp`` and its home, CPU and memory requests equal to limits, no service-account
 token, no service links, an active deadline; ``runtimeClassName`` when ``PBE_K8S_RUNTIME_CLASS`` names one). It
@@ -33,7 +33,9 @@ import httpx
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from executor.sandboxes.base import (
+from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
+from services.sandbox import k8s_client
+from services.sandbox.base import (
     DEFAULT_MAX_TREE_BYTES,
     DEFAULT_MAX_TREE_FILES,
     ChunkReader,
@@ -44,19 +46,7 @@ from executor.sandboxes.base import (
     collect_tar,
     one_file_archive,
 )
-from services import k8s_client
-from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
-from services.k8s_pods import (
-    CONTAINER_NAME,
-    DEFAULT_NAMESPACE,
-    SANDBOX_UID,
-    SESSION_COMPONENT,
-    created_epoch,
-    label_selector,
-    pod_labels,
-    sandbox_pod,
-)
-from services.sandbox import (
+from services.sandbox.contract import (
     PROJECT,
     PROJECT_LABEL,
     ROLE_LABEL,
@@ -66,6 +56,16 @@ from services.sandbox import (
     reap_selector,
     sandbox_labels,
     sandbox_name,
+)
+from services.sandbox.k8s_pods import (
+    CONTAINER_NAME,
+    DEFAULT_NAMESPACE,
+    SANDBOX_UID,
+    SESSION_COMPONENT,
+    created_epoch,
+    label_selector,
+    pod_labels,
+    sandbox_pod,
 )
 
 DEFAULT_GATEWAY_PORT = 8888

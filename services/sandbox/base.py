@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.sandbox import SandboxHandle
+from services.sandbox.contract import SandboxHandle
 
 DEFAULT_MEMORY_MB = 2048
 """A sandbox's memory limit (no swap), unless ``PBE_SANDBOX_MEMORY_MB`` says otherwise."""

@@ -5,27 +5,27 @@ make a parser hang or eat memory. So ``run_file_checks`` never opens them in the
 starts one container of the sandbox image (the one the sessions ran in, so whatever a session could pickle
 loads here) that runs ``grader/file_checks.py`` with the image's Python and prints one JSON line of results.
 
-The container is hardened like the session sandboxes (``executor.sandboxes.docker``): no network at all
+The container is hardened like the session sandboxes (``services.sandbox.docker``): no network at all
 (``network_mode=none``), user 1000, every capability dropped, ``no-new-privileges``, a read-only root, a
 size-capped tmpfs ``/tmp``, the image's ``/opt/venv`` and ``/usr`` from read-only volumes where the engine's storage
-driver is FUSE (``services.docker_runtime``), memory (no swap), CPU and process limits, an environment with nothing of
-the grader's in it. The files, ``file_checks.py`` (with ``model_loader.py``) and the request go into a volume of its
-own before it starts (a read-only root refuses copies anywhere else, and a tmpfs volume would drop them before the
-start): the
-copied tree belongs to root, so the sandbox can read it but not write to it or fill the disk. The container
-carries the labels ``pybench-eval.role=grading-sandbox`` and ``pybench-eval.project=pybench-eval``, its name
-and its volume's start with ``pbe-grd-`` (all defined in ``services.sandbox``), and both are removed when the
-call returns, whatever happened; ``reap`` removes what a killed grader left behind.
+driver is FUSE (``services.sandbox.runtime_volumes``), memory (no swap), CPU and process limits, an environment with
+nothing of the grader's in it. The files, the grader's checker (``file_checks.py`` with ``model_loader.py``) and the
+request go into a volume of its own before it starts (a read-only root refuses copies anywhere else, and a tmpfs
+volume would drop them before the start): the copied tree belongs to root, so the sandbox can read it but not
+write to it or fill the disk. The container carries the labels ``pybench-eval.role=grading-sandbox`` and
+``pybench-eval.project=pybench-eval``, its name and its volume's start with ``pbe-grd-`` (all defined in
+``services.sandbox.contract``), and both are removed when the call returns, whatever happened; ``reap`` removes what
+a killed grader left behind.
 """
 
 import contextlib
-import functools
 import io
 import json
 import secrets
 import tarfile
 import time
-from pathlib import Path, PurePosixPath
+from collections.abc import Mapping
+from pathlib import PurePosixPath
 from typing import Any
 
 import docker
@@ -33,11 +33,8 @@ import docker.client
 import docker.errors
 import requests
 
-from grader import file_checks
-from services.docker_errors import DOCKER_ERRORS
-from services.docker_runtime import RuntimeVolumes
 from services.errors import SandboxStartError
-from services.sandbox import (
+from services.sandbox.contract import (
     DEFAULT_SANDBOX_IMAGE,
     GRADING_NAME_PREFIX,
     GRADING_ROLE,
@@ -47,6 +44,8 @@ from services.sandbox import (
     RuntimeVolumeMode,
     docker_created_epoch,
 )
+from services.sandbox.docker_errors import DOCKER_ERRORS
+from services.sandbox.runtime_volumes import RuntimeVolumes
 from services.verdict import CheckResult
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -92,6 +91,7 @@ def run_file_checks(
     checks: list[dict[str, Any]],
     files: dict[str, bytes],
     *,
+    checker: Mapping[str, bytes],
     image: str = DEFAULT_SANDBOX_IMAGE,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     client: Any = None,
@@ -105,12 +105,14 @@ def run_file_checks(
         files: the workspace, by workspace-relative name (``output/2.csv``, ``data/80.jpeg``); a name ending
             in ``/`` is a folder (so an empty one can exist). A name that is absolute or climbs out with
             ``..`` is left out, and so is a file whose name is also a folder's (``a`` beside ``a/b``).
+        checker: the checker's scripts by file name (``file_checks.py`` and what it runs), the grader's
+            ``grader.file_checks.checker_sources()``.
         image: the sandbox image (it has the scientific stack, ffmpeg, and the Python that runs
             ``file_checks.py``).
         timeout_s: how long the checks may run once the container has started.
         client: a ``docker.DockerClient`` (default: from the environment).
         runtime_volume: serve the image's ``/opt/venv`` and ``/usr`` from read-only volumes
-            (``services.docker_runtime``).
+            (``services.sandbox.runtime_volumes``).
 
     Returns:
         One result per check, in order. A check that crashed, a garbled or missing answer, a sandbox that ran
@@ -124,7 +126,7 @@ def run_file_checks(
         return []
     engine = _engine(client)
     name = f"{GRADING_NAME_PREFIX}{secrets.token_hex(6)}"
-    archive = request_archive(checks, files)
+    archive = request_archive(checks, files, checker)
     container_id: str | None = None
     try:
         try:
@@ -254,15 +256,11 @@ def workspace_name(name: str) -> str | None:
     return "/".join(parts) + ("/" if folder else "")
 
 
-@functools.cache
-def _checker_sources() -> dict[str, bytes]:
-    """The checker and the script it unpickles with, by their names in the sandbox."""
-    return {path.name: path.read_bytes() for path in (Path(file_checks.__file__), file_checks.MODEL_LOADER)}
-
-
-def request_archive(checks: list[dict[str, Any]], files: dict[str, bytes], root: str = WORKSPACE_ROOT) -> bytes:
-    """The tar of what a grading sandbox gets under ``MOUNT``: the checker, the request (its files found under
-    ``root``), the workspace; all owned by root."""
+def request_archive(
+    checks: list[dict[str, Any]], files: dict[str, bytes], checker: Mapping[str, bytes], root: str = WORKSPACE_ROOT
+) -> bytes:
+    """The tar of what a grading sandbox gets under ``MOUNT``: the ``checker``'s scripts, the request (its files
+    found under ``root``), the workspace; all owned by root."""
     request = json.dumps({"checks": checks, "root": root}, default=str).encode()
     members: dict[str, bytes] = {}
     folders = {"workspace"}
@@ -284,7 +282,7 @@ def request_archive(checks: list[dict[str, Any]], files: dict[str, bytes], root:
             info = tarfile.TarInfo(folder)
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, now
             tar.addfile(info)
-        top = {**_checker_sources(), "request.json": request}
+        top = {**checker, "request.json": request}
         kept = sorted((path, data) for path, data in members.items() if path not in clashes)
         for member, data in [*top.items(), *kept]:
             info = tarfile.TarInfo(member)

@@ -18,7 +18,7 @@ What it does give each sandbox:
 
 * ``jupyter kernelgateway`` (``python -m kernel_gateway`` of the executor's own Python) on 127.0.0.1 and a
   free port, with a token of its own, started with the sandbox image's gateway configuration
-  (``executor/image/jupyter_kernel_gateway_config.py``: TCP_NODELAY, the kernels' environment allowlist),
+  (``services/sandbox/image/jupyter_kernel_gateway_config.py``: TCP_NODELAY, the kernels' environment allowlist),
   its address given on the command line (which wins over the file);
 * an environment of a few variables (PATH, HOME, LANG, MPLBACKEND, PYTHONUNBUFFERED, JUPYTER_RUNTIME_DIR and
   its token), never the executor's; kernels get PATH and the allowlisted ones of these, not the token;
@@ -64,7 +64,8 @@ from typing import Any
 import httpx
 import psutil
 
-from executor.sandboxes.base import (
+from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
+from services.sandbox.base import (
     DEFAULT_MAX_TREE_BYTES,
     DEFAULT_MAX_TREE_FILES,
     SandboxBackend,
@@ -72,13 +73,12 @@ from executor.sandboxes.base import (
     Tree,
     TreeCollector,
 )
-from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
-from services.sandbox import WORKSPACE, SandboxHandle, reap_selector, sandbox_labels, sandbox_name
+from services.sandbox.contract import WORKSPACE, SandboxHandle, reap_selector, sandbox_labels, sandbox_name
 
 SANDBOX_DIR_PREFIX = "pbe-local-"
 """Every local sandbox's folder under the root starts with this, so ``reap`` finds them all."""
 
-DEFAULT_CONFIG_FILE = Path(__file__).resolve().parent.parent / "image" / "jupyter_kernel_gateway_config.py"
+DEFAULT_CONFIG_FILE = Path(__file__).resolve().parent / "image" / "jupyter_kernel_gateway_config.py"
 """The gateway configuration of the sandbox image, reused as is."""
 
 DEFAULT_GATEWAY_COMMAND = (sys.executable, "-m", "kernel_gateway")

@@ -1,1 +1,0 @@
-"""Sandbox backends behind one small interface (see ``base``), looked up by name (see ``registry``)."""
