@@ -19,7 +19,7 @@ import pytest
 from executor.kernel import KernelClient
 from executor.output import DEFAULT_MAX_OUTPUT_CHARS
 from services.sandbox.base import SandboxSpec
-from services.sandbox.contract import EVALUATION_LABEL, ROLE_LABEL, TASK_LABEL, SandboxHandle
+from services.sandbox.contract import EVALUATION_LABEL, LOG_LIMIT, ROLE_LABEL, TASK_LABEL, SandboxHandle
 from services.sandbox.docker import DockerSandboxBackend
 from services.trajectory import Execution
 from tests.fixtures import sandbox_objects
@@ -313,6 +313,9 @@ def test_no_route_out_and_no_interface_but_its_own(box: Box, decoys: list[str]) 
     assert "00000000" not in [row[1] for row in table], "the sandbox has a default route"
     assert len(table) == 1 and table[0][7] == "FFFFFFFF", f"more than a host route to the executor: {table}"
     assert box.value("sorted(__import__('os').listdir('/sys/class/net'))") == "['eth0', 'lo']"
+    # No IPv6 address (a link-local one would reach the bridge's other members) on an engine that gives one.
+    inet6 = "open('/proc/net/if_inet6').read() if __import__('os').path.exists('/proc/net/if_inet6') else ''"
+    assert box.value(inet6) == ""
     for address in decoys:
         execution, text = box.run(
             "import socket\n"
@@ -331,6 +334,25 @@ def test_no_route_out_and_no_interface_but_its_own(box: Box, decoys: list[str]) 
     # Names resolve nowhere: the sandbox's resolver is its own loopback.
     execution, _ = box.run("__import__('socket').getaddrinfo('pypi.org', 443)", timeout_s=15)
     assert execution.error_name == "gaierror"
+
+
+def test_what_code_writes_to_the_containers_own_stdout_is_capped_in_the_engines_log(box: Box) -> None:
+    # The kernel keeps a copy of its original stdout, the container log, beside the pipe that captures cells.
+    execution, text = box.run(
+        "import os, sys\n"
+        "line = b'x' * 65535 + b'\\n'\n"
+        "for _ in range(512):\n"
+        "    os.write(sys.stdout._original_stdstream_copy, line)\n"
+        "print('wrote', 512 * len(line))",
+        timeout_s=120,
+    )
+    assert execution.ok and "wrote 33554432" in text, text
+    container = docker.from_env().containers.get(box.handle.sandbox_id)
+    assert container.attrs["HostConfig"]["LogConfig"] == {"Type": "json-file", "Config": LOG_LIMIT}
+    log_path = container.attrs["LogPath"]
+    if os.access(log_path, os.R_OK):  # the engine's own file, readable where the tests run as root
+        assert os.path.getsize(log_path) <= 9 * 2**20, "the container log outgrew its cap"
+    assert box.value("1 + 1") == "2"
 
 
 def test_another_sandbox_is_unreachable(box: Box, backend: DockerSandboxBackend) -> None:

@@ -30,6 +30,21 @@ RUNTIME_MARKER_ROLE = "sandbox-runtime-marker"
 RUNTIME_ROLES = frozenset({RUNTIME_COPY_ROLE, RUNTIME_MARKER_ROLE})
 """Volumes made once per image for every sandbox to come: never a session's leftovers."""
 
+DEFAULT_GATEWAY_PORT = 8888
+"""The port a session sandbox's kernel gateway listens on (the image's ``jupyter_kernel_gateway_config.py``)."""
+
+SANDBOX_HOME = "/home/sandbox"
+"""The sandbox user's home: size-capped and in memory on every backend."""
+
+SANDBOX_UID = 1000
+"""The unprivileged user (and group) of the sandbox image: sessions and gradings run as it, on every backend, and
+files copied into a session's workspace belong to it."""
+
+LOG_LIMIT = {"max-size": "8m", "max-file": "1"}
+"""The most a Docker sandbox's container log keeps (``json-file``, one file): what code writes to the container's
+own stdout (``os.write(1, ...)``, a child process's output) cannot fill the engine's disk. A grading sandbox's
+result line is read from its log, so the cap leaves room for it."""
+
 WORKSPACE = "/workspace"
 """The sandbox's working directory: the kernel runs here, inputs go to ``./data``, results to ``./output``;
 the only place files are copied into."""

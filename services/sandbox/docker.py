@@ -27,6 +27,7 @@ from typing import Any
 import docker
 import docker.client
 import docker.errors
+import docker.types
 import httpx
 
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
@@ -42,10 +43,14 @@ from services.sandbox.base import (
     one_file_archive,
 )
 from services.sandbox.contract import (
+    DEFAULT_GATEWAY_PORT,
+    LOG_LIMIT,
     PROJECT,
     PROJECT_LABEL,
     ROLE_LABEL,
+    SANDBOX_HOME,
     SANDBOX_ROLE,
+    SANDBOX_UID,
     WORKSPACE,
     RuntimeVolumeMode,
     SandboxHandle,
@@ -56,15 +61,6 @@ from services.sandbox.contract import (
 )
 from services.sandbox.docker_errors import DOCKER_ERRORS
 from services.sandbox.runtime_volumes import RuntimeVolumes
-
-DEFAULT_GATEWAY_PORT = 8888
-"""The port the kernel gateway listens on inside the container."""
-
-SANDBOX_UID = 1000
-"""The unprivileged user the sandbox image runs as; files copied in belong to it."""
-
-SANDBOX_HOME = "/home/sandbox"
-"""The sandbox user's home: a size-capped tmpfs."""
 
 _WORKSPACE_ROLE = "sandbox-workspace"
 _NETWORK_ROLE = "sandbox-network"
@@ -188,6 +184,7 @@ class DockerSandboxBackend(SandboxBackend):
                 volumes={name: {"bind": WORKSPACE, "mode": "rw"}},
                 mounts=runtime_mounts,
                 init=False,
+                log_config=docker.types.LogConfig(type="json-file", config=LOG_LIMIT),
             )
         except docker.errors.ImageNotFound as exc:
             self._remove_volume(name)

@@ -38,9 +38,11 @@ from services.sandbox.contract import (
     DEFAULT_SANDBOX_IMAGE,
     GRADING_NAME_PREFIX,
     GRADING_ROLE,
+    LOG_LIMIT,
     PROJECT,
     PROJECT_LABEL,
     ROLE_LABEL,
+    SANDBOX_UID,
     RuntimeVolumeMode,
     docker_created_epoch,
 )
@@ -68,9 +70,6 @@ SANDBOX_PYTHON = "/opt/venv/bin/python"
 
 MOUNT = "/grading"
 """Where the volume is mounted: ``file_checks.py``, ``request.json``, and the files under ``workspace/``."""
-
-SANDBOX_UID = 1000
-"""The unprivileged user the checks run as."""
 
 GRADING_LABELS = {ROLE_LABEL: GRADING_ROLE, PROJECT_LABEL: PROJECT}
 """The labels of every grading sandbox (container, volume or pod)."""
@@ -169,7 +168,7 @@ def _create(engine: Any, image: str, name: str, mounts: list[Any]) -> str:
         nano_cpus=int(DEFAULT_CPUS * 1e9),
         pids_limit=DEFAULT_PIDS,
         # The result line is read from the log: a driver that keeps it, and a cap on what a file can make spill.
-        log_config={"Type": "json-file", "Config": {"max-size": "8m", "max-file": "1"}},
+        log_config={"Type": "json-file", "Config": LOG_LIMIT},
     )
     # create + start, never run: run pulls a missing image, and sandboxes never reach a registry. The checker
     # is process 1 (no init): the pickle-loading child then has no same-user process holding the output.

@@ -18,14 +18,11 @@ same pods the reaper does.
 from datetime import datetime
 from typing import Any
 
-from services.sandbox.contract import GRADING_ROLE, PROJECT, SANDBOX_ROLE
+from services.sandbox.contract import GRADING_ROLE, PROJECT, SANDBOX_ROLE, SANDBOX_UID
 
 DEFAULT_NAMESPACE = "pybench-eval-sandboxes"
 """The namespace sandbox pods run in, unless ``PBE_K8S_NAMESPACE`` says otherwise (it enforces Pod Security
 ``restricted`` and denies all network traffic but the executors' to the kernel gateway)."""
-
-SANDBOX_UID = 1000
-"""The unprivileged user (and group) of the sandbox image; pods run as it."""
 
 PART_OF_LABEL = "app.kubernetes.io/part-of"
 COMPONENT_LABEL = "app.kubernetes.io/component"

@@ -47,10 +47,13 @@ from services.sandbox.base import (
     one_file_archive,
 )
 from services.sandbox.contract import (
+    DEFAULT_GATEWAY_PORT,
     PROJECT,
     PROJECT_LABEL,
     ROLE_LABEL,
+    SANDBOX_HOME,
     SANDBOX_ROLE,
+    SANDBOX_UID,
     WORKSPACE,
     SandboxHandle,
     reap_selector,
@@ -60,19 +63,12 @@ from services.sandbox.contract import (
 from services.sandbox.k8s_pods import (
     CONTAINER_NAME,
     DEFAULT_NAMESPACE,
-    SANDBOX_UID,
     SESSION_COMPONENT,
     created_epoch,
     label_selector,
     pod_labels,
     sandbox_pod,
 )
-
-DEFAULT_GATEWAY_PORT = 8888
-"""The port the kernel gateway listens on in the pod."""
-
-SANDBOX_HOME = "/home/sandbox"
-"""The sandbox user's home: a size-capped memory-backed folder."""
 
 DEFAULT_ACTIVE_DEADLINE_S = 12 * 3600
 """The most seconds a session pod lives (warm in the pool, then serving a session) before Kubernetes ends it:
