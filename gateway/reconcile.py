@@ -13,6 +13,10 @@ its trajectory and verdict there, so the store can always say what remains. The 
    held in the admission window has no job by design and waits its turn;
 3. fills each evaluation's admission window again (a crash between a session's end and the next admission).
 
+The same attempt's job is queued again at most ``services.lifecycle.MAX_REQUEUES`` times: a job that crashes
+whenever it runs (its exception escaped the job, or it killed its worker) then ends its task with an
+``infra_error`` whose reason says how often it was lost and the job's last error, and the evaluation completes.
+
 Jobs have deterministic ids and a queued or running job is never queued twice, so running the reconciler
 again, or on two gateways at once, duplicates nothing; verdicts are written per task, so a session graded
 twice leaves one verdict. The gateway runs it every ``PBE_RECONCILE_INTERVAL_S`` seconds (one gateway at a
@@ -30,11 +34,13 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from services.evaluation import TaskState
-from services.lifecycle import TaskLifecycle
+from services.lifecycle import MAX_REQUEUES, TaskLifecycle
+from services.metrics import build_results
 from services.queues import GradeJob, SessionJob, grade_job_id, session_job_id
 from services.state import EvaluationNotFoundError
 from services.store import ArtifactStore
 from services.suite import Suite
+from services.verdict import Verdict, VerdictStatus
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +59,8 @@ class Report:
     """Session jobs queued again (their ids)."""
     gradings: list[str] = field(default_factory=list)
     """Grading jobs queued again (their ids)."""
+    given_up: list[str] = field(default_factory=list)
+    """Jobs lost more than ``MAX_REQUEUES`` times, whose tasks were ended with an ``infra_error`` (their ids)."""
     admitted: list[tuple[str, int]] = field(default_factory=list)
     """Tasks (evaluation, index) whose sessions were admitted from their window's line (not lost: waiting)."""
 
@@ -68,6 +76,69 @@ def _alive(redis: Redis, job_id: str) -> bool:
     if status is JobStatus.STARTED:
         return bool(job.worker_name) and bool(redis.exists(f"rq:worker:{job.worker_name}"))
     return status in _ALIVE
+
+
+def _last_error(redis: Redis, job_id: str) -> str:
+    """The last line of a failed job's error (what escaped the job function), at most 300 characters, or ''."""
+    try:
+        job = Job.fetch(job_id, connection=redis, serializer=JSONSerializer)
+    except Exception:  # no such job, or a record that no longer parses: nothing to say
+        return ""
+    if job.get_status() is not JobStatus.FAILED:
+        return ""
+    result = job.latest_result()
+    text = (result.exc_string if result is not None else None) or ""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def _give_up(
+    lifecycle: TaskLifecycle, store: ArtifactStore, suite: Suite, job: SessionJob | GradeJob, job_id: str
+) -> None:
+    """End the task of ``job``, lost or crashed more than ``MAX_REQUEUES`` times, with an ``infra_error``."""
+    what = "session" if isinstance(job, SessionJob) else "grading"
+    error = _last_error(lifecycle.redis, job_id)
+    task = suite.tasks.get(job.task_index)
+    verdict = Verdict(
+        evaluation_id=job.evaluation_id,
+        task_index=job.task_index,
+        attempt=job.attempt,
+        paper_category=task.paper_category if task is not None else "",
+        status=VerdictStatus.INFRA_ERROR,
+        reason=(
+            f"the {what} job of attempt {job.attempt} was lost or crashed {MAX_REQUEUES + 1} times and was not "
+            f"queued again"
+            + (f"; its last error: {error}" if error else " (its worker died while running it)")
+            + "; POST .../retry runs the task again once the cause is fixed"
+        ),
+        retryable=False,
+    )
+    store.put_verdict(verdict)
+    if lifecycle.give_up(verdict).complete:
+        evaluation = lifecycle.state.get(job.evaluation_id)
+        verdicts = lifecycle.state.verdicts(job.evaluation_id)
+        store.put_results(build_results(job.evaluation_id, verdicts, complete=True, prices=evaluation.prices))
+    log.error("reconciler: %s, task %s: %s", job.evaluation_id, job.task_index, verdict.reason)
+
+
+def _requeue(
+    lifecycle: TaskLifecycle,
+    store: ArtifactStore,
+    suite: Suite,
+    job: SessionJob | GradeJob,
+    report: Report,
+) -> None:
+    """Queue ``job`` again, or give its task up when its attempt was lost ``MAX_REQUEUES`` times already."""
+    job_id = session_job_id(job) if isinstance(job, SessionJob) else grade_job_id(job)
+    if lifecycle.count_requeue(job.evaluation_id, job.task_index, job.attempt) > MAX_REQUEUES:
+        _give_up(lifecycle, store, suite, job, job_id)
+        report.given_up.append(job_id)
+    elif isinstance(job, SessionJob):
+        lifecycle.requeue_session(job)
+        report.sessions.append(job_id)
+    else:
+        lifecycle.requeue_grading(job)
+        report.gradings.append(job_id)
 
 
 def restore(lifecycle: TaskLifecycle, store: ArtifactStore, suite: Suite, evaluation_id: str) -> None:
@@ -103,7 +174,7 @@ def reconcile(redis: Redis, store: ArtifactStore, suite: Suite) -> Report:
         if state.cancelled(evaluation_id):
             continue
         try:
-            _reconcile_one(redis, lifecycle, store, evaluation_id, report)
+            _reconcile_one(redis, lifecycle, store, suite, evaluation_id, report)
         except (RedisError, OSError):
             raise
         except Exception:  # one broken evaluation must not stop the others, nor the reconciler
@@ -112,7 +183,7 @@ def reconcile(redis: Redis, store: ArtifactStore, suite: Suite) -> Report:
 
 
 def _reconcile_one(
-    redis: Redis, lifecycle: TaskLifecycle, store: ArtifactStore, evaluation_id: str, report: Report
+    redis: Redis, lifecycle: TaskLifecycle, store: ArtifactStore, suite: Suite, evaluation_id: str, report: Report
 ) -> None:
     """Queue again the jobs of one evaluation that no worker has, then admit what its window has room for."""
     state = lifecycle.state
@@ -125,17 +196,14 @@ def _reconcile_one(
             continue
         if task_state in (TaskState.QUEUED, TaskState.RUNNING):
             if not _alive(redis, session_job_id(session)):
-                lifecycle.requeue_session(session)
-                report.sessions.append(session_job_id(session))
+                _requeue(lifecycle, store, suite, session, report)
         elif task_state is TaskState.GRADING and not _alive(redis, grade_job_id(grading)):
             if _alive(redis, session_job_id(session)):
                 continue  # the session is still finishing
             if store.has_trajectory(evaluation_id, index, attempt):
-                lifecycle.requeue_grading(grading)
-                report.gradings.append(grade_job_id(grading))
+                _requeue(lifecycle, store, suite, grading, report)
             else:
-                lifecycle.requeue_session(session)
-                report.sessions.append(session_job_id(session))
+                _requeue(lifecycle, store, suite, session, report)
     report.admitted.extend((evaluation_id, index) for index in lifecycle.admit(evaluation_id))
 
 

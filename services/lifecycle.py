@@ -11,7 +11,8 @@ reconciler, the executor and the grader call these and nothing else writes them 
             │     └──────────── retry (the next attempt, queued again) <───────┘  also POST .../retry
             └─> unavailable (its input files are missing: a verdict at once, never run)
 
-    requeue_session / requeue_grading   the reconciler queues a lost job again, same attempt
+    requeue_session / requeue_grading   the reconciler queues a lost job again, same attempt, at most
+                                        MAX_REQUEUES times; then give_up records the attempt's end
     restore                             an evaluation Redis lost, rebuilt from the artifact store
 
 A ``queued`` task is either held (waiting its turn) or admitted (its session job is on the shared queue): at most
@@ -55,6 +56,12 @@ from services.verdict import Verdict, VerdictStatus
 MAX_ATTEMPTS = 3
 """A session whose ``infra_error`` is retryable runs again, up to this many attempts in all; only the last
 attempt's verdict is recorded as the task's (every attempt's is kept in the artifact store)."""
+
+
+MAX_REQUEUES = 4
+"""How often the reconciler queues the same attempt's job again (its worker died, its job crashed or was lost)
+before ``give_up`` ends the task with an ``infra_error``: a job that crashes every time it runs (a poison
+input) ends with a reason instead of being queued again for ever."""
 
 
 DEFAULT_RETRY_DELAY_S = 5.0
@@ -249,6 +256,26 @@ class TaskLifecycle:
         self.window.hold(evaluation_id, [task_index], front=True)
         self.admit(evaluation_id)
         return attempt
+
+    def count_requeue(self, evaluation_id: str, task_index: int, attempt: int) -> int:
+        """Count one more time the reconciler found the job of this attempt lost; returns the count so far
+        (``MAX_REQUEUES`` bounds it: past it the reconciler calls ``give_up``)."""
+        return int(self.redis.hincrby(evaluation_key(evaluation_id, "requeues"), f"{task_index}:{attempt}", 1))
+
+    def requeues(self, evaluation_id: str, task_index: int, attempt: int) -> int:
+        """How often the job of this attempt was found lost so far."""
+        raw = self.redis.hget(evaluation_key(evaluation_id, "requeues"), f"{task_index}:{attempt}")
+        return int(raw) if raw else 0
+
+    def give_up(self, verdict: Verdict) -> Recorded:
+        """End a task whose attempt's job was lost or crashed more than ``MAX_REQUEUES`` times: ``verdict`` (an
+        ``infra_error`` that says so, not retryable) is recorded as the task's, its place in the admission window
+        goes to the next held task."""
+        self._put_verdict(verdict)
+        self.window.leave(verdict.evaluation_id, [verdict.task_index])
+        complete = self._close_if_complete(verdict.evaluation_id)
+        self.admit(verdict.evaluation_id)
+        return Recorded(retried_as=None, complete=complete)
 
     def requeue_session(self, job: SessionJob) -> None:
         """Queue again, at the same attempt, a session whose job was lost (its worker died, Redis dropped it); it

@@ -9,19 +9,20 @@ from fastapi.testclient import TestClient
 from redis import Redis
 from rq import Queue
 from rq.job import Job, JobStatus
+from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from gateway.app import create_app
 from gateway.reconcile import reconcile
 from gateway.settings import GatewaySettings
 from services.evaluation import TaskState
-from services.lifecycle import TaskLifecycle
+from services.lifecycle import MAX_REQUEUES, TaskLifecycle
 from services.queues import GRADING_QUEUE, SESSIONS_QUEUE, SessionJob
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
 from services.trajectory import EndReason, Message, Trajectory
-from services.verdict import Verdict, VerdictStatus
+from services.verdict import Results, Verdict, VerdictStatus
 from tests.servers import RedisServer
 
 ADMIN_KEY = "pbe-test-admin-reconcile"
@@ -152,4 +153,70 @@ def test_an_evaluation_redis_lost_entirely_is_restored_from_the_store(
     assert jobs(redis, SESSIONS_QUEUE) == [f"pbe-session-{evaluation_id}-{i}-a1" for i in (16, 30, 44)]
     again = reconcile(redis, store, suite)
     assert again.sessions == [] and again.admitted == []  # queued once
+    redis.close()
+
+
+def crash(redis: Redis, job_id: str, error: str) -> None:
+    """What a worker records when a job's function raises: the job failed, its error kept, off its queue."""
+    job = Job.fetch(job_id, connection=redis, serializer=JSONSerializer)
+    Queue(job.origin, connection=redis, serializer=JSONSerializer).remove(job_id)
+    job.set_status(JobStatus.FAILED)
+    Result.create_failure(job, ttl=600, exc_string=f"Traceback (most recent call last):\n  ...\n{error}\n")
+
+
+def test_a_session_that_crashes_every_time_is_given_up_after_the_requeue_cap_with_its_error(
+    server: RedisServer, suite: Suite, suite_path: Path, tmp_path: Path
+) -> None:
+    store = ArtifactStore(tmp_path / "artifacts")
+    evaluation_id = submit(server, suite_path, store.root, [7, 16])
+    redis = Redis.from_url(server.url)
+    state = StateStore(redis)
+    poison = f"pbe-session-{evaluation_id}-16-a1"
+    error = "RecursionError: maximum recursion depth exceeded while decoding a JSON object"
+    done = Verdict(
+        evaluation_id=evaluation_id, task_index=7, attempt=1, paper_category="Chart", status=VerdictStatus.PASSED
+    )
+    Queue(SESSIONS_QUEUE, connection=redis, serializer=JSONSerializer).remove(f"pbe-session-{evaluation_id}-7-a1")
+    store.put_verdict(done)
+    TaskLifecycle(redis).record_verdict(done)
+    crash(redis, poison, error)
+    for _ in range(MAX_REQUEUES):  # each pass queues the crashed job again, and it crashes again
+        report = reconcile(redis, store, suite)
+        assert (report.sessions, report.given_up) == ([poison], [])
+        assert state.task_states(evaluation_id)[16] is TaskState.QUEUED
+        crash(redis, poison, error)
+
+    last = reconcile(redis, store, suite)
+    assert (last.sessions, last.given_up) == ([], [poison])
+    verdict = {v.task_index: v for v in state.verdicts(evaluation_id)}[16]
+    assert (verdict.status, verdict.retryable, verdict.attempt) == (VerdictStatus.INFRA_ERROR, False, 1)
+    assert f"crashed {MAX_REQUEUES + 1} times" in verdict.reason and error in verdict.reason
+    assert state.task_states(evaluation_id)[16] is TaskState.DONE and state.complete(evaluation_id)
+    assert store.latest_verdict(evaluation_id, 16) == verdict
+    results = Results.model_validate_json((store.evaluation_dir(evaluation_id) / "results.json").read_bytes())
+    assert results.complete and results.metrics.by_status[VerdictStatus.INFRA_ERROR] == 1
+    after = reconcile(redis, store, suite)  # nothing is queued again, ever
+    assert (after.sessions, after.gradings, after.given_up) == ([], [], [])
+    assert jobs(redis, SESSIONS_QUEUE) == []
+    redis.close()
+
+
+def test_a_session_whose_worker_died_under_it_is_still_queued_again_up_to_the_cap(
+    server: RedisServer, suite: Suite, suite_path: Path, tmp_path: Path
+) -> None:
+    store = ArtifactStore(tmp_path / "artifacts")
+    evaluation_id = submit(server, suite_path, store.root, [44])
+    redis = Redis.from_url(server.url)
+    lifecycle = TaskLifecycle(redis)
+    job_id = f"pbe-session-{evaluation_id}-44-a1"
+    for lost in range(1, MAX_REQUEUES + 2):
+        Queue(SESSIONS_QUEUE, connection=redis, serializer=JSONSerializer).remove(job_id)
+        job = Job.fetch(job_id, connection=redis, serializer=JSONSerializer)
+        job.set_status(JobStatus.STARTED)
+        redis.hset(job.key, "worker_name", "executor-that-died")
+        report = reconcile(redis, store, suite)
+        assert lifecycle.requeues(evaluation_id, 44, 1) == lost
+        assert report.sessions == ([job_id] if lost <= MAX_REQUEUES else [])
+    verdict = lifecycle.state.verdicts(evaluation_id)[0]
+    assert verdict.status is VerdictStatus.INFRA_ERROR and "its worker died while running it" in verdict.reason
     redis.close()
