@@ -111,6 +111,9 @@ def _run(
         evaluation.model.model,
         api_key=api_key,
         timeout_s=settings.MODEL_TIMEOUT_S,
+        deadline_s=settings.MODEL_DEADLINE_S,
+        max_reply_bytes=settings.MODEL_MAX_REPLY_BYTES,
+        cap_setting="PBE_MODEL_MAX_REPLY_BYTES",
         transport=pinned_transport(EgressPolicy.parse(settings.EGRESS_ALLOWLIST)),
     )
     try:

@@ -22,7 +22,14 @@ CANARY_QUESTION = "Use Python to compute 17 * 23 and print the result."
 """The canary prompt, asked under the evaluation's own system prompt."""
 
 DEFAULT_TIMEOUT_S = 60.0
-"""How long each preflight request may take (a cold model server may be slow to answer once)."""
+"""How long each preflight request may take, per read and in all (a cold model server may be slow to answer
+once)."""
+
+PREFLIGHT_MAX_REPLY_BYTES = 256 * 2**10
+"""The most bytes of the canary's answer read: a short reply to a short prompt."""
+
+PREFLIGHT_MAX_LISTING_BYTES = 2**20
+"""The most bytes of the endpoint's ``/models`` answer read (an answer of 1.2 GB once grew the gateway by 2.4 GiB)."""
 
 CANARY_MAX_TOKENS = 400
 
@@ -53,6 +60,9 @@ def preflight(
         body.model.model,
         api_key=key,
         timeout_s=timeout_s,
+        deadline_s=timeout_s,
+        max_reply_bytes=PREFLIGHT_MAX_REPLY_BYTES,
+        max_listing_bytes=PREFLIGHT_MAX_LISTING_BYTES,
         retries=0,
         transport=transport or PinnedTransport(policy, resolver=resolver),
     )

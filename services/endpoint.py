@@ -68,6 +68,17 @@ DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 """Seconds to open a connection to the endpoint."""
 
+DEFAULT_DEADLINE_S = 600.0
+"""Seconds one request may take in all, however the answer trickles in (the per-read ``timeout_s`` alone lets an
+endpoint that sends a byte now and then hold a caller for ever); past it the request counts as timed out."""
+
+DEFAULT_MAX_REPLY_BYTES = 8 * 2**20
+"""The most bytes of one chat-completion answer that are read (a long completion is a few hundred KB); the rest is
+never read and the answer is refused as too large (``ReplyTooLargeError``)."""
+
+DEFAULT_MAX_LISTING_BYTES = 2**20
+"""The most bytes of a ``/models`` answer that are read."""
+
 DEFAULT_RETRIES = 3
 """Retries after a connection error, a timeout, or HTTP 408, 429, 500, 502, 503, 504: at most four requests."""
 
@@ -103,6 +114,18 @@ _REJECTION_HINTS = {
 """What to fix, by status, when the endpoint refuses a request."""
 
 
+class ReplyTooLargeError(Exception):
+    """An answer's body grew past the client's byte cap while it was read (the rest was never read)."""
+
+    def __init__(self, cap: int, status: int, setting: str = "") -> None:
+        super().__init__(f"{cap:,} bytes")
+        self.cap, self.status, self.setting = cap, status, setting
+
+
+class DeadlineExceededError(httpx.TimeoutException):
+    """One request took longer in all than the client's deadline (its answer was still trickling in)."""
+
+
 def _snippet(text: str) -> str:
     return text[:MAX_SNIPPET_CHARS]
 
@@ -136,7 +159,8 @@ class Completion:
 class Reply:
     """What came back for one call, after the retries: the last HTTP answer, or why none came.
 
-    Its ``text`` is already redacted; ``failure`` is set exactly when ``status`` is None.
+    Its ``text`` is already redacted; ``failure`` is set when ``status`` is None, or when the answer was too large
+    to read (``ReplyTooLargeError``).
     """
 
     role: str
@@ -152,7 +176,8 @@ class Reply:
     latency_s: float = 0.0
     """Wall time of the whole call, retries included."""
     failure: Exception | None = None
-    """Why no answer came: an ``httpx.TransportError`` (timeouts included) or an ``EgressRefusedError``."""
+    """Why no answer came: an ``httpx.TransportError`` (timeouts and ``DeadlineExceededError`` included), an
+    ``EgressRefusedError``, or a ``ReplyTooLargeError`` (then ``status`` is the answer's)."""
 
     def check(self) -> None:
         """Raise unless the reply is an HTTP 200.
@@ -164,6 +189,13 @@ class Reply:
         """
         if self.status is None:
             raise self._unanswered() from self.failure
+        if isinstance(self.failure, ReplyTooLargeError):
+            raise ModelResponseError(
+                f"the {self.role} endpoint's answer (HTTP {self.status}, {self.url}) is larger than {self.failure}; "
+                "it was not read. Check the endpoint, or raise "
+                + (self.failure.setting or "the reply cap")
+                + " if such answers are expected"
+            ) from self.failure
         if self.status == 200:
             return
         if self.status in RETRY_STATUSES:
@@ -209,7 +241,7 @@ class Reply:
                 _count(usage.get("completion_tokens")),
             )
             finish_reason = choice.get("finish_reason")
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
             raise self._malformed("a chat completion") from exc
         return Completion(
             text="" if content is None else str(content),
@@ -232,7 +264,7 @@ class Reply:
         self.check()
         try:
             return [str(entry["id"]) for entry in json.loads(self.text)["data"]]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
             raise self._malformed('a model list ({"data": [{"id": ...}]})') from exc
 
     def _unanswered(self) -> ModelUnreachableError:
@@ -299,6 +331,10 @@ class EndpointClient:
         retries: int = DEFAULT_RETRIES,
         backoff_s: float = DEFAULT_BACKOFF_S,
         max_backoff_s: float = DEFAULT_MAX_BACKOFF_S,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
+        max_listing_bytes: int = DEFAULT_MAX_LISTING_BYTES,
+        cap_setting: str = "",
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         """Make a client; it opens no connection yet.
@@ -312,14 +348,25 @@ class EndpointClient:
             retries: retries of a connection error, a timeout or a retried status (``RETRY_STATUSES``).
             backoff_s: the first backoff, doubled at each retry, with jitter; ``max_backoff_s`` caps it and the
                 ``Retry-After`` that is honoured.
+            deadline_s: seconds one request may take in all (a timeout past it, retried like one); a read that
+                blocks ends within ``timeout_s`` of it.
+            max_reply_bytes: the most bytes of a chat-completion answer read; ``max_listing_bytes`` of ``/models``.
+                A larger answer is not read on and not retried (``Reply.check`` raises ``ModelResponseError``).
+            cap_setting: the setting that raises ``max_reply_bytes``, named when an answer is refused for its size.
             transport: an httpx transport, e.g. ``services.netguard.pinned_transport(policy)`` so that only
                 permitted addresses are reached; the default opens plain connections.
 
         Raises:
-            ValueError: negative retries or backoffs, or a timeout that is not positive.
+            ValueError: negative retries or backoffs, or a timeout, deadline or cap that is not positive.
         """
-        if retries < 0 or backoff_s < 0 or max_backoff_s < 0 or timeout_s <= 0 or connect_timeout_s <= 0:
-            raise ValueError("retries and backoffs must be >= 0, timeouts > 0")
+        if retries < 0 or backoff_s < 0 or max_backoff_s < 0 or min(timeout_s, connect_timeout_s, deadline_s) <= 0:
+            raise ValueError("retries and backoffs must be >= 0, timeouts and the deadline > 0")
+        if max_reply_bytes <= 0 or max_listing_bytes <= 0:
+            raise ValueError("the reply byte caps must be > 0")
+        self.deadline_s = deadline_s
+        self.max_reply_bytes = max_reply_bytes
+        self.max_listing_bytes = max_listing_bytes
+        self.cap_setting = cap_setting
         key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
         self._key = SecretStr(key or "")
         self.model = model
@@ -400,7 +447,7 @@ class EndpointClient:
         }
         if tools:
             body["tools"] = tools
-        return self._send("POST", "/chat/completions", body, final_when)
+        return self._send("POST", "/chat/completions", body, final_when, self.max_reply_bytes)
 
     def models(self) -> list[str]:
         """The ids of the models the endpoint lists (``listing``, then ``Reply.models``).
@@ -414,26 +461,58 @@ class EndpointClient:
 
     def listing(self) -> Reply:
         """GET ``/models`` under the retry policy and return what came back. Raises nothing."""
-        return self._send("GET", "/models", None, None)
+        return self._send("GET", "/models", None, None, self.max_listing_bytes)
+
+    def _read(self, method: str, path: str, body: dict[str, Any] | None, cap: int) -> tuple[int, str, str | None]:
+        """One request: its status, its body (decoded, redacted) and its ``Retry-After``.
+
+        Raises:
+            httpx.TransportError: no answer, or ``DeadlineExceededError`` past ``deadline_s``.
+            EgressRefusedError: the egress guard refused the address.
+            ReplyTooLargeError: the body grew past ``cap`` bytes (its status is the error's ``status``).
+        """
+        deadline = time.monotonic() + self.deadline_s
+        with self._http.stream(method, path, json=body) as response:
+            chunks: list[bytes] = []
+            size = 0
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > cap:
+                    raise ReplyTooLargeError(cap, response.status_code)
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise DeadlineExceededError(f"the answer took longer than {self.deadline_s:g} s in all")
+            if time.monotonic() > deadline:
+                raise DeadlineExceededError(f"the answer took longer than {self.deadline_s:g} s in all")
+            text = b"".join(chunks).decode(response.encoding or "utf-8", errors="replace")
+            return response.status_code, self._redact(text), response.headers.get("retry-after")
 
     def _send(
-        self, method: str, path: str, body: dict[str, Any] | None, final_when: Callable[[Reply], bool] | None
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        final_when: Callable[[Reply], bool] | None,
+        cap: int,
     ) -> Reply:
         url = self.base_url + path
         started = time.monotonic()
         for attempt in range(self.retries + 1):
             try:
-                response = self._http.request(method, path, json=body)
+                status, text, retry_after = self._read(method, path, body, cap)
             except EgressRefusedError as exc:
                 return _timed(Reply(self.role, url, None, requests=attempt + 1, failure=exc), started)
+            except ReplyTooLargeError as exc:
+                exc.setting = self.cap_setting
+                return _timed(Reply(self.role, url, exc.status, requests=attempt + 1, failure=exc), started)
             except httpx.TransportError as exc:
                 reply = Reply(self.role, url, None, requests=attempt + 1, failure=exc)
                 wait = None
             else:
-                reply = Reply(self.role, url, response.status_code, self._redact(response.text), attempt + 1)
-                if response.status_code not in RETRY_STATUSES or (final_when is not None and final_when(reply)):
+                reply = Reply(self.role, url, status, text, attempt + 1)
+                if status not in RETRY_STATUSES or (final_when is not None and final_when(reply)):
                     return _timed(reply, started)
-                wait = retry_after_s(response.headers.get("retry-after"))
+                wait = retry_after_s(retry_after)
             if attempt == self.retries:
                 return _timed(reply, started)
             if wait is None:

@@ -3,18 +3,20 @@
 other 4xx is refused after one request; a context-length error, an empty reply and a refused request end a
 session cleanly with their own reason."""
 
+import asyncio
 import email.utils
 import time
+import tracemalloc
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from executor.agent import run_agent
-from services.endpoint import EndpointClient, retry_after_s
+from services.endpoint import DeadlineExceededError, EndpointClient, retry_after_s
 from services.errors import (
     ModelContextLengthError,
     ModelRequestRejectedError,
@@ -189,3 +191,85 @@ def test_the_agent_loop_ends_with_model_rejected_on_a_404(script: tuple[Script, 
     assert run.end_reason is EndReason.MODEL_REJECTED and "task_not_recorded" in (run.error or "")
     assert run.end_reason.infra and not run.end_reason.retryable
     assert len(server.times) == 1
+
+
+class Misbehaving:
+    """An endpoint that answers badly on purpose: huge, dripping or nested answers."""
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def huge() -> StreamingResponse:
+            async def body() -> AsyncIterator[bytes]:
+                yield b'{"choices": [{"message": {"content": "'
+                for _ in range(4096):  # 256 MiB if it were all read
+                    yield b"x" * 65536
+
+            return StreamingResponse(body(), media_type="application/json")
+
+        @app.get("/v1/models")
+        async def drip() -> StreamingResponse:
+            async def body() -> AsyncIterator[bytes]:
+                yield b'{"data": ['
+                for _ in range(600):  # a byte every 0.2 s for two minutes
+                    await asyncio.sleep(0.2)
+                    yield b" "
+
+            return StreamingResponse(body(), media_type="application/json")
+
+        @app.post("/v2/chat/completions")
+        async def nested() -> Response:
+            return Response(b'{"choices": ' + b"[" * 200_000 + b"]" * 200_000 + b"}", media_type="application/json")
+
+        return app
+
+
+@pytest.fixture()
+def misbehaving() -> Iterator[tuple[Misbehaving, str]]:
+    server = Misbehaving()
+    with serve(server.app()) as url:
+        yield server, url
+
+
+def test_an_answer_over_the_byte_cap_is_not_read_on_and_ends_the_session_naming_the_setting(
+    misbehaving: tuple[Misbehaving, str],
+) -> None:
+    _, url = misbehaving
+    client = EndpointClient(url + "/v1", "m", retries=3, max_reply_bytes=2**20, cap_setting="PBE_MODEL_MAX_REPLY_BYTES")
+    tracemalloc.start()
+    try:
+        reply = client.chat([Message(role="user", content="q")])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert reply.requests == 1 and reply.text == ""  # a size cap is not retried, and nothing of it is kept
+    assert peak < 32 * 2**20, f"reading the answer took {peak / 2**20:.0f} MiB: it was read on past the cap"
+    run = run_agent(
+        [Message(role="user", content="q")], client, kernel=None, max_turns=3, cell_timeout_s=1, sampling={}
+    )  # type: ignore[arg-type]
+    assert run.end_reason is EndReason.MODEL_ERROR
+    assert "1,048,576 bytes" in (run.error or "") and "PBE_MODEL_MAX_REPLY_BYTES" in (run.error or "")
+
+
+def test_an_answer_that_trickles_in_ends_at_the_deadline_not_the_read_timeout(
+    misbehaving: tuple[Misbehaving, str],
+) -> None:
+    _, url = misbehaving
+    client = EndpointClient(url + "/v1", retries=1, backoff_s=0.01, timeout_s=30, deadline_s=1.0)
+    started = time.monotonic()
+    reply = client.listing()
+    elapsed = time.monotonic() - started
+    assert reply.status is None and isinstance(reply.failure, DeadlineExceededError) and reply.requests == 2
+    assert elapsed < 5, f"two requests of a 1 s deadline took {elapsed:.1f} s"
+    with pytest.raises(ModelUnreachableError, match="did not answer after 2 attempts"):
+        reply.models()
+
+
+def test_json_nested_past_the_parsers_depth_is_a_malformed_answer_not_a_crash(
+    misbehaving: tuple[Misbehaving, str],
+) -> None:
+    _, url = misbehaving
+    client = EndpointClient(url + "/v2", "m", retries=0)
+    with pytest.raises(ModelResponseError, match="not a chat completion"):
+        client.complete([Message(role="user", content="q")])

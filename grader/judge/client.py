@@ -42,6 +42,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 120.0
 """Seconds one request to the judge may take (read, write and pool); the connect timeout is separate."""
 
+JUDGE_MAX_REPLY_BYTES = 2**20
+"""The most bytes of a judge's answer read (its verdict is a few hundred characters; a larger answer is refused)."""
+
 DEFAULT_TEMPERATURE = 0.0
 """The judge's sampling temperature: a grade should not depend on the dice."""
 
@@ -148,6 +151,9 @@ class Judge:
             retries=retries,
             backoff_s=backoff_s,
             max_backoff_s=max_backoff_s,
+            deadline_s=2 * timeout_s,
+            max_reply_bytes=JUDGE_MAX_REPLY_BYTES,
+            cap_setting="the judge's reply cap (grader.judge.client.JUDGE_MAX_REPLY_BYTES)",
             transport=transport,
         )
 
