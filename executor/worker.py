@@ -43,6 +43,7 @@ from services.components import SANDBOX_IMAGE, advertise
 from services.liveness import DEFAULT_HEARTBEAT_INTERVAL_S, ShortHeartbeat
 from services.logs import configure_logging
 from services.monitoring import SESSIONS_IN_FLIGHT, serve_worker_metrics
+from services.queues import ProjectJobsOnly
 from services.sandbox.base import SandboxBackend
 from services.sandbox.registry import get_backend
 from services.settings import redis_retry
@@ -91,7 +92,7 @@ DEFAULT_BACKOFF_MAX_S = 30.0
 """The longest wait between two checks of an unreachable Redis or sandbox backend."""
 
 
-class ExecutorWorker(ShortHeartbeat, SimpleWorker):
+class ExecutorWorker(ProjectJobsOnly, ShortHeartbeat, SimpleWorker):
     """An RQ worker that runs up to ``PBE_SESSIONS_PER_WORKER`` jobs at once in threads of its own (see the
     module's description)."""
 

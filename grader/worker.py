@@ -23,10 +23,11 @@ from services.components import advertise, judge_prompt_key
 from services.liveness import DEFAULT_HEARTBEAT_INTERVAL_S, ShortHeartbeat
 from services.logs import configure_logging
 from services.monitoring import record_grading, serve_worker_metrics
+from services.queues import ProjectJobsOnly
 from services.verdict import JudgeMode
 
 
-class GraderWorker(ShortHeartbeat, Worker):
+class GraderWorker(ProjectJobsOnly, ShortHeartbeat, Worker):
     """RQ's ``Worker`` whose heartbeat dies with it within ``DEFAULT_HEARTBEAT_TTL_S``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from redis import Redis
+from rq.job import Job
 
 SESSIONS_QUEUE = "pbe-sessions"
 """Executor workers take task sessions from this queue."""
@@ -22,6 +23,45 @@ RUN_SESSION_JOB = "executor.jobs.run_session"
 
 GRADE_SESSION_JOB = "grader.jobs.grade_session"
 """Dotted path of the grader's job function."""
+
+PROJECT_JOBS = frozenset({RUN_SESSION_JOB, GRADE_SESSION_JOB})
+"""The only job functions the project's workers run (``ProjectJob``)."""
+
+
+class ForeignJobError(Exception):
+    """A job names a function that is not one of ``PROJECT_JOBS``: it was refused before anything was imported."""
+
+
+class ProjectJob(Job):
+    """An RQ job that runs only the project's own job functions.
+
+    Anything that can write to Redis can enqueue a job; a worker that imported and called whatever a job names
+    would run it with the worker's rights (an executor holds the Docker socket). This job class refuses any other
+    function before it is imported: the job fails with ``ForeignJobError``.
+    """
+
+    allowed: frozenset[str] = PROJECT_JOBS
+    """The job functions this class runs."""
+
+    @property
+    def func(self) -> Any:
+        if self.func_name not in self.allowed:
+            raise ForeignJobError(
+                f"job {self.id} names {self.func_name!r}, which is not a pybench-eval job function "
+                f"({', '.join(sorted(PROJECT_JOBS))}): refused; something other than the service enqueued it"
+            )
+        return super().func
+
+
+class ProjectJobsOnly:
+    """A worker mixin: whatever job class the command line names, the worker's jobs are ``project_job_class``."""
+
+    project_job_class: type[ProjectJob] = ProjectJob
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["job_class"] = self.project_job_class
+        super().__init__(*args, **kwargs)
+
 
 DEFAULT_SESSION_JOB_TIMEOUT_S = 3600
 """RQ's hard limit for one task session (ten turns of model calls and cells, with room to spare)."""

@@ -21,13 +21,13 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from gateway.app import create_app
-from grader.worker import GraderWorker
 from services.components import advertised, judge_prompt_key
 from services.logs import configure_logging, log_context
 from services.monitoring import record_session, serve_worker_metrics
 from services.trajectory import EndReason, Execution, Message, SessionInfo, Trajectory, Turn
 from tests.fixtures import ADMIN_KEY, BODY, gateway_settings
 from tests.servers import free_port
+from tests.workers import GraderWorkerForTests
 
 
 @pytest.fixture()
@@ -157,9 +157,9 @@ def test_the_grader_counts_gradings_in_the_parent_and_advertises_the_judge_promp
     queue = Queue("pbe-grading-test", connection=redis_client, serializer=JSONSerializer)
     passed, errors = _value("pbe_gradings_total", status="passed"), _value("pbe_gradings_total", status="error")
     count = _value("pbe_grading_seconds_count")
-    queue.enqueue(grade_for_test, "passed")
+    queue.enqueue("tests.test_observability.grade_for_test", "passed")
     queue.enqueue("tests.test_observability.no_such_function")  # the child fails: counted as an error
-    worker = GraderWorker([queue], connection=redis_client, serializer=JSONSerializer)
+    worker = GraderWorkerForTests([queue], connection=redis_client, serializer=JSONSerializer)
     worker.work(burst=True)
     assert _value("pbe_gradings_total", status="passed") - passed == 1
     assert _value("pbe_gradings_total", status="error") - errors == 1

@@ -23,7 +23,7 @@ QUEUE = "pbe-liveness-test"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("worker_class", ["executor.worker.ExecutorWorker", "grader.worker.GraderWorker"])
+@pytest.mark.parametrize("worker_class", ["tests.workers.ExecutorWorkerForTests", "tests.workers.GraderWorkerForTests"])
 def test_a_worker_killed_mid_job_is_dead_to_the_reconciler_within_its_heartbeat_ttl(
     redis_url: str, redis_client: Redis, worker_class: str
 ) -> None:
@@ -95,3 +95,27 @@ def test_a_worker_that_cannot_reach_the_docker_engine_takes_no_session_and_says_
     finally:
         worker.terminate()
         worker.wait(timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("worker_class", ["executor.worker.ExecutorWorker", "grader.worker.GraderWorker"])
+def test_a_worker_refuses_a_job_that_is_not_the_projects_before_importing_it(
+    redis_url: str, redis_client: Redis, worker_class: str, tmp_path: Path
+) -> None:
+    marker = tmp_path / "ran"
+    job = Queue(QUEUE, connection=redis_client, serializer=JSONSerializer).enqueue_call(
+        "os.system", args=(f"touch {marker}",), job_id="pbe-foreign-job", timeout=60
+    )
+    env = {**os.environ, "PBE_REDIS_URL": redis_url, "PBE_WARM_POOL": "false", "PBE_METRICS_PORT": "0"}
+    finished = subprocess.run(
+        [sys.executable, "-m", "rq.cli", "worker", "--burst", "--url", redis_url, "--worker-class", worker_class,
+         "--serializer", "rq.serializers.JSONSerializer", QUEUE],
+        env=env, capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert finished.returncode == 0, finished.stderr.decode()[-2000:]
+    refused = Job.fetch(job.id, connection=redis_client, serializer=JSONSerializer)
+    assert refused.get_status() == JobStatus.FAILED
+    result = refused.latest_result()
+    assert result is not None and "ForeignJobError" in (result.exc_string or "")
+    assert "not a pybench-eval job function" in (result.exc_string or "")
+    assert not marker.exists(), "the worker ran a function the service never enqueues"
