@@ -19,6 +19,7 @@ from gateway.observe import install_metrics
 from gateway.problems import install_problem_handlers, problem_response
 from gateway.routers import evaluations, leaderboard, suites
 from gateway.settings import GatewaySettings
+from gateway.streams import OpenStreams
 from services.logs import LOG_FORMAT_VARIABLE, configure_logging
 from services.netguard import Resolver, resolve_host
 from services.store import ArtifactStore
@@ -55,6 +56,7 @@ def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = 
     app.state.redis = redis
     app.state.egress_resolver = resolver
     app.state.reconciler = None
+    app.state.streams = OpenStreams(settings.MAX_STREAMS_PER_KEY, settings.MAX_STREAMS)
     openapi.install(app, suite)
     install_problem_handlers(app)
     app.include_router(evaluations.router)

@@ -7,6 +7,7 @@ from fastapi import Depends, Request
 from redis import Redis
 
 from gateway.settings import GatewaySettings
+from gateway.streams import OpenStreams
 from services.lifecycle import TaskLifecycle
 from services.state import StateStore
 from services.store import ArtifactStore
@@ -21,6 +22,11 @@ def get_settings(request: Request) -> GatewaySettings:
 def get_redis(request: Request) -> Redis:
     redis: Redis = request.app.state.redis
     return redis
+
+
+def get_streams(request: Request) -> OpenStreams:
+    streams: OpenStreams = request.app.state.streams
+    return streams
 
 
 def get_state(redis: Annotated[Redis, Depends(get_redis)]) -> StateStore:
@@ -50,3 +56,4 @@ StateDep = Annotated[StateStore, Depends(get_state)]
 LifecycleDep = Annotated[TaskLifecycle, Depends(get_lifecycle)]
 StoreDep = Annotated[ArtifactStore, Depends(get_store)]
 SuiteDep = Annotated[Suite, Depends(get_suite)]
+StreamsDep = Annotated[OpenStreams, Depends(get_streams)]

@@ -23,6 +23,10 @@ class GatewaySettings(ServiceSettings):
     """Task sessions a key may have queued or running at once; a submission past it gets 429."""
     MAX_QUEUED_SESSIONS: int = Field(default=20000, ge=1)
     """Task sessions waiting in the queue for all keys; a submission past it gets 503."""
+    MAX_STREAMS_PER_KEY: int = Field(default=20, ge=1)
+    """Event streams (REST and dashboard) one key may have open on one gateway; past it, 429 with Retry-After."""
+    MAX_STREAMS: int = Field(default=200, ge=1)
+    """Event streams open on one gateway for all keys; past it, 429 with Retry-After."""
     PREFLIGHT: bool = True
     """Check each submitted model endpoint before accepting the evaluation (a submission may opt out)."""
     RECONCILE_INTERVAL_S: float = Field(default=30.0, ge=0)

@@ -345,7 +345,10 @@ def test_submit_can_watch_and_watch_can_print_json_lines(cli: Callable[..., Run]
     lines = cli("watch", evaluation_id, "--json").out.splitlines()
     events = [json.loads(line) for line in lines]
     assert [e["event"] for e in events] == ["progress", "verdict", "end"]
-    assert events[1]["data"]["status"] == "unavailable" and events[2]["data"] == {"status": "completed"}
+    assert events[1]["data"]["status"] == "unavailable" and events[2]["data"] == {
+        "status": "completed",
+        "statuses": {evaluation_id: "completed"},
+    }
 
 
 class _DroppingStream(httpx.SyncByteStream):

@@ -34,7 +34,7 @@ def store(tmp_path: Path) -> ArtifactStore:
 
 @pytest.fixture()
 def gateway(redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path) -> Iterator[str]:
-    settings = gateway_settings(redis_url, suite_path, tmp_path, RATE_LIMIT_PER_MINUTE=100_000)
+    settings = gateway_settings(redis_url, suite_path, tmp_path, RATE_LIMIT_PER_MINUTE=100_000, MAX_STREAMS_PER_KEY=100)
     with serve(create_app(settings)) as url:
         yield url
 
@@ -115,7 +115,7 @@ def test_an_evaluations_stream_sends_verdicts_and_ends(
         data.finish(redis_client, store, evaluation, 16, VerdictStatus.FAILED)
         tail = events(lines, "end")
         assert tail[-2][0] == "verdict" and tail[-2][1]["task_index"] == 16 and tail[-2][1]["status"] == "failed"
-        assert tail[-1][1] == {"statuses": {evaluation["id"]: "completed"}}
+        assert tail[-1][1] == {"status": "completed", "statuses": {evaluation["id"]: "completed"}}
 
 
 def test_streams_follow_the_keys_rights(gateway: str, api: httpx.Client, redis_client: Redis) -> None:

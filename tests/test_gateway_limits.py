@@ -1,10 +1,13 @@
 """The gateway's edges, served by a real uvicorn on loopback: a body without a length is cut at the limit, a NUL
 byte in a path is a 4xx problem, and /health says when the reconciler is dead."""
 
+import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -14,6 +17,7 @@ from redis import Redis
 
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
+from services.apikeys import ApiKeyStore
 from tests.fixtures import ADMIN_KEY, BODY, gateway_settings
 from tests.servers import serve
 
@@ -83,3 +87,70 @@ def test_health_reports_a_dead_reconciler(settings: GatewaySettings) -> None:
         client.app.state.reconciler = dead
         answer = client.get("/health")
     assert answer.status_code == 503 and answer.json()["reconciler"].startswith("dead")
+
+
+WORKER_THREADS = 40
+"""AnyIO's default thread limit: the synchronous routes of the gateway share these threads."""
+
+
+def test_rest_event_streams_hold_no_thread_and_are_capped_per_key_and_in_all(
+    redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path
+) -> None:
+    per_key, total = WORKER_THREADS + 5, WORKER_THREADS + 15
+    settings = gateway_settings(
+        redis_url, suite_path, tmp_path, RATE_LIMIT_PER_MINUTE=100_000, MAX_STREAMS_PER_KEY=per_key, MAX_STREAMS=total
+    )
+    _, other_key = ApiKeyStore(redis_client).create("other")
+    body = {**BODY, "tasks": [7], "preflight": False}  # queued, and nothing runs it: its stream stays open
+
+    async def scenario(url: str) -> None:
+        limits = httpx.Limits(max_connections=2 * total)
+        async with (
+            httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, limits=limits) as admin,
+            httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {other_key}"}, limits=limits) as other,
+        ):
+            mine = (await admin.post("/v1/evaluations", json=body)).json()["evaluation"]["id"]
+            theirs = (await other.post("/v1/evaluations", json=body)).json()["evaluation"]["id"]
+            held: list[tuple[Any, Any]] = []  # each open stream's context and its line reader, kept alive
+
+            async def open_stream(client: httpx.AsyncClient, evaluation_id: str) -> httpx.Response:
+                context = client.stream("GET", f"/v1/evaluations/{evaluation_id}/events", timeout=30)
+                response = await context.__aenter__()
+                if response.status_code == 200:
+                    lines = response.aiter_lines()
+                    held.append((context, lines))
+                    assert await lines.__anext__() == "event: progress"  # the stream is live: its first event came
+                else:
+                    await response.aread()
+                    await context.__aexit__(None, None, None)
+                return response
+
+            try:
+                opened = await asyncio.gather(*(open_stream(admin, mine) for _ in range(per_key)))
+                assert [r.status_code for r in opened] == [200] * per_key
+                refused = await open_stream(admin, mine)
+                assert refused.status_code == 429 and refused.headers["retry-after"] == "30"
+                assert f"may have {per_key}" in refused.json()["detail"]
+                others = await asyncio.gather(*(open_stream(other, theirs) for _ in range(total - per_key)))
+                assert [r.status_code for r in others] == [200] * (total - per_key)
+                full = await open_stream(other, theirs)
+                assert full.status_code == 429 and f"{total} event streams open" in full.json()["detail"]
+                # More streams open than the server has worker threads: its synchronous routes still answer.
+                began = time.monotonic()
+                for _ in range(5):
+                    assert (await admin.get(f"/v1/evaluations/{mine}", timeout=30)).status_code == 200
+                    assert (await admin.get("/health", timeout=30)).status_code == 200
+                elapsed = time.monotonic() - began
+                assert elapsed < 10, f"ten requests took {elapsed:.1f} s beside {total} open streams"
+            finally:
+                for context, _ in held:
+                    await context.__aexit__(None, None, None)
+            deadline = time.monotonic() + 15  # closed streams are counted out: a new one is taken
+            while (await open_stream(admin, mine)).status_code != 200:
+                assert time.monotonic() < deadline, "closed streams were never counted out"
+                await asyncio.sleep(0.2)
+            for context, _ in held[-1:]:
+                await context.__aexit__(None, None, None)
+
+    with serve(create_app(settings)) as url:
+        asyncio.run(scenario(url))

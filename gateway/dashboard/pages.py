@@ -13,7 +13,8 @@ from urllib.parse import urlencode, urlsplit
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response, StreamingResponse
 
-from gateway.dashboard import live, views
+from gateway import streams as live
+from gateway.dashboard import views
 from gateway.dashboard.access import (
     COOKIE,
     LOGIN_COOKIE,
@@ -33,7 +34,7 @@ from gateway.dashboard.access import (
 from gateway.dashboard.files import file_response, output_path, suite_path
 from gateway.dashboard.highlight import stylesheet
 from gateway.dashboard.rendering import BASE, render
-from gateway.deps import LifecycleDep, StateDep, StoreDep, SuiteDep
+from gateway.deps import LifecycleDep, StateDep, StoreDep, StreamsDep, SuiteDep
 from gateway.routers.leaderboard import get_leaderboard
 from services.errors import ArtifactNotFoundError
 from services.evaluation import EvaluationStatus
@@ -171,33 +172,43 @@ def evaluation(
     return render(request, "evaluation.html", context)
 
 
-def _event_stream(state: StateDep, evaluation_ids: list[str], *, verdicts: bool) -> StreamingResponse:
+def _event_stream(
+    state: StateDep, streams: StreamsDep, key_id: str, evaluation_ids: list[str], *, verdicts: bool
+) -> StreamingResponse:
+    """The events of ``evaluation_ids``, counted among ``key_id``'s open streams.
+
+    Raises:
+        Problem: 429 when the key, or the gateway, has as many streams open as allowed.
+    """
     return StreamingResponse(
-        live.follow(state, evaluation_ids, verdicts=verdicts),
+        streams.open(key_id, live.follow(state, evaluation_ids, verdicts=verdicts)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
 
 
 @router.get("/evaluations/{evaluation_id}/events")
-def evaluation_events(evaluation_id: str, session: ResourceSession, state: StateDep) -> StreamingResponse:
-    """The evaluation's live progress and verdicts for the page's script (``live``)."""
+def evaluation_events(
+    evaluation_id: str, session: ResourceSession, state: StateDep, streams: StreamsDep
+) -> StreamingResponse:
+    """The evaluation's live progress and verdicts for the page's script (``gateway.streams``)."""
     found = visible_evaluation(state, session, evaluation_id)
-    return _event_stream(state, [found.id], verdicts=True)
+    return _event_stream(state, streams, session.key.id, [found.id], verdicts=True)
 
 
 @router.get("/runs/events")
 def runs_events(
     session: ResourceSession,
     state: StateDep,
+    streams: StreamsDep,
     ids: Annotated[list[str] | None, Query(max_length=live.MAX_FOLLOWED)] = None,
 ) -> StreamingResponse:
-    """The live progress of the runs list's running evaluations, in one stream (``live``)."""
+    """The live progress of the runs list's running evaluations, in one stream (``gateway.streams``)."""
     chosen = [i for i in dict.fromkeys(ids or []) if i]
     if not chosen:
         raise PageError(422, "Nothing to follow", "Name the evaluations to follow: ?ids=<id>&ids=<id>.")
     found = [visible_evaluation(state, session, evaluation_id).id for evaluation_id in chosen]
-    return _event_stream(state, found, verdicts=False)
+    return _event_stream(state, streams, session.key.id, found, verdicts=False)
 
 
 async def _owned_for_change(request: Request, session: PageSession, state: StateDep, evaluation_id: str) -> str:

@@ -2,17 +2,19 @@
 
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, Field, SecretStr
 
-from gateway import events, idempotency, limits
+from gateway import idempotency, limits
 from gateway.archive import ARCHIVE_MEDIA_TYPE, stream_archive
 from gateway.auth import Caller
-from gateway.deps import LifecycleDep, RedisDep, SettingsDep, StateDep, StoreDep, SuiteDep
+from gateway.deps import LifecycleDep, RedisDep, SettingsDep, StateDep, StoreDep, StreamsDep, SuiteDep
 from gateway.egress import check_endpoints
 from gateway.preflight import preflight
 from gateway.problems import Problem
+from gateway.streams import follow
 from services.apikeys import ApiKey
 from services.components import advertised
 from services.errors import ArtifactNotFoundError, TaskNotFoundError
@@ -376,6 +378,9 @@ def download_archive(evaluation_id: str, caller: Caller, state: StateDep, store:
     summary="Live progress as server-sent events: `progress` on each change, `verdict` per graded task, `end`",
     response_class=StreamingResponse,
 )
-def stream_events(evaluation_id: str, caller: Caller, state: StateDep) -> StreamingResponse:
-    evaluation = owned(state, caller, evaluation_id)
-    return StreamingResponse(events.stream(state, evaluation.id), media_type="text/event-stream")
+async def stream_events(evaluation_id: str, caller: Caller, state: StateDep, streams: StreamsDep) -> StreamingResponse:
+    evaluation = await anyio.to_thread.run_sync(owned, state, caller, evaluation_id)
+    events = streams.open(caller.id, follow(state, [evaluation.id], verdicts=True))
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+    )
