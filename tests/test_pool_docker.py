@@ -1,5 +1,10 @@
-"""The warm pool, with real sandbox containers: hand-out is immediate, never reused, and nothing is left."""
+"""The warm pool, with real sandbox containers: hand-out is immediate, never reused, and nothing is left.
 
+Every pool here is started as a worker of this run's own (``WORKER``), and only sandboxes of that worker are
+counted or removed: a stack running beside the tests (``make demo`` leaves one up) keeps its warm pool.
+"""
+
+import uuid
 from collections.abc import Iterator
 
 import docker
@@ -7,13 +12,15 @@ import pytest
 
 from executor.pool import POOL_EVALUATION, WarmPool
 from services.sandbox.base import SandboxSpec
-from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, EVALUATION_LABEL
+from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, EVALUATION_LABEL, WORKER_LABEL
 from services.sandbox.docker import BACKGROUND_CPU_SHARES, SESSION_CPU_SHARES, DockerSandboxBackend
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 IMAGE = DEFAULT_SANDBOX_IMAGE
 EVALUATION = "test-pool"
+WORKER = f"pool-test-{uuid.uuid4().hex[:8]}"
+"""The worker this run's pools start as: its label tells their sandboxes from any other executor's."""
 
 
 @pytest.fixture()
@@ -21,20 +28,21 @@ def backend(sandbox_network: str) -> Iterator[DockerSandboxBackend]:
     backend = DockerSandboxBackend(network=sandbox_network)
     yield backend
     backend.reap(evaluation_id=EVALUATION)
-    backend.reap(evaluation_id=POOL_EVALUATION)
+    backend.reap(worker=WORKER)
 
 
-def _pool_containers() -> list[object]:
-    label = f"{EVALUATION_LABEL}={POOL_EVALUATION}"
-    return list(docker.from_env().containers.list(all=True, filters={"label": label}))
+def _pool_containers(worker: str = WORKER) -> list[object]:
+    """The warm sandboxes of this run's pools (of ``worker``), never another executor's."""
+    labels = [f"{EVALUATION_LABEL}={POOL_EVALUATION}", f"{WORKER_LABEL}={worker}"]
+    return list(docker.from_env().containers.list(all=True, filters={"label": labels}))
 
 
 def test_a_warm_sandbox_is_handed_out_once_with_libraries_imported(backend: DockerSandboxBackend) -> None:
     # PBE_WARM_IMPORTS=numpy,pandas (the default imports nothing ahead).
-    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=IMAGE), imports=("numpy", "pandas"))
+    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=IMAGE, worker=WORKER), imports=("numpy", "pandas"))
     try:
         assert pool.wait_ready(120), pool.last_error
-        first = pool.take(SandboxSpec(EVALUATION, 1, 1, image=IMAGE))
+        first = pool.take(SandboxSpec(EVALUATION, 1, 1, image=IMAGE, worker=WORKER))
         assert first.warm
         # The warm imports are loaded, matplotlib is left to the cells that use it, and the model's namespace holds
         # none of them.
@@ -45,7 +53,7 @@ def test_a_warm_sandbox_is_handed_out_once_with_libraries_imported(backend: Dock
         )
         assert execution.ok and output.items[0].text == "True False False False\n"
         assert pool.wait_ready(120), pool.last_error
-        second = pool.take(SandboxSpec(EVALUATION, 2, 1, image=IMAGE))
+        second = pool.take(SandboxSpec(EVALUATION, 2, 1, image=IMAGE, worker=WORKER))
         assert second.warm and second.handle.sandbox_id != first.handle.sandbox_id
         for sandbox in (first, second):
             sandbox.kernel.close()
@@ -57,17 +65,17 @@ def test_a_warm_sandbox_is_handed_out_once_with_libraries_imported(backend: Dock
 
 def test_a_warm_sandbox_yields_the_cpu_until_a_session_takes_it(backend: DockerSandboxBackend) -> None:
     engine = docker.from_env()
-    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=IMAGE), imports=())
+    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=IMAGE, worker=WORKER), imports=())
     try:
         assert pool.wait_ready(120), pool.last_error
         (waiting,) = _pool_containers()
         assert waiting.attrs["HostConfig"]["CpuShares"] == BACKGROUND_CPU_SHARES  # type: ignore[attr-defined]
-        taken = pool.take(SandboxSpec(EVALUATION, 1, 1, image=IMAGE))
+        taken = pool.take(SandboxSpec(EVALUATION, 1, 1, image=IMAGE, worker=WORKER))
         assert taken.warm and taken.handle.sandbox_id == waiting.id  # type: ignore[attr-defined]
         shares = engine.containers.get(taken.handle.sandbox_id).attrs["HostConfig"]["CpuShares"]
         assert shares == SESSION_CPU_SHARES
         # A sandbox started for a session (other limits: not the pool's) has a session's share from its start.
-        own = pool.take(SandboxSpec(EVALUATION, 2, 1, image=IMAGE, memory_mb=1024))
+        own = pool.take(SandboxSpec(EVALUATION, 2, 1, image=IMAGE, memory_mb=1024, worker=WORKER))
         assert not own.warm
         assert engine.containers.get(own.handle.sandbox_id).attrs["HostConfig"]["CpuShares"] == SESSION_CPU_SHARES
         for sandbox in (taken, own):
@@ -80,9 +88,9 @@ def test_a_warm_sandbox_yields_the_cpu_until_a_session_takes_it(backend: DockerS
 
 
 def test_a_spec_with_other_limits_gets_a_sandbox_started_on_demand(backend: DockerSandboxBackend) -> None:
-    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=IMAGE), imports=())
+    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=IMAGE, worker=WORKER), imports=())
     try:
-        sandbox = pool.take(SandboxSpec(EVALUATION, 1, 1, image=IMAGE, memory_mb=1024))
+        sandbox = pool.take(SandboxSpec(EVALUATION, 1, 1, image=IMAGE, memory_mb=1024, worker=WORKER))
         assert not sandbox.warm
         container = docker.from_env().containers.get(sandbox.handle.sandbox_id)
         assert container.labels[EVALUATION_LABEL] == EVALUATION
@@ -95,12 +103,12 @@ def test_a_spec_with_other_limits_gets_a_sandbox_started_on_demand(backend: Dock
 
 
 def test_a_warm_sandbox_that_died_is_replaced(backend: DockerSandboxBackend) -> None:
-    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=IMAGE), imports=())
+    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=IMAGE, worker=WORKER), imports=())
     try:
         assert pool.wait_ready(120), pool.last_error
         (container,) = _pool_containers()
         container.kill()  # type: ignore[attr-defined]
-        sandbox = pool.take(SandboxSpec(EVALUATION, 1, 1, image=IMAGE))
+        sandbox = pool.take(SandboxSpec(EVALUATION, 1, 1, image=IMAGE, worker=WORKER))
         # never the dead one: the pool discards it and hands out its next start (it waits for the pool's start
         # rather than starting one of its own beside it)
         assert sandbox.handle.sandbox_id != container.id  # type: ignore[attr-defined]
@@ -117,13 +125,12 @@ def test_a_pool_of_two_keeps_two_ready_labelled_with_its_worker_and_the_next_lif
     backend: DockerSandboxBackend,
 ) -> None:
     from executor.worker import _sweep
-    from services.sandbox.contract import WORKER_LABEL
 
     spec = SandboxSpec(EVALUATION, 0, 0, image=IMAGE, worker="pool-test-worker")
     pool = WarmPool(backend, spec, size=2, starts=2, imports=())
     try:
         assert pool.wait_ready(180, count=2), pool.last_error
-        containers = _pool_containers()
+        containers = _pool_containers("pool-test-worker")
         assert len(containers) == 2
         assert {c.labels[WORKER_LABEL] for c in containers} == {"pool-test-worker"}  # type: ignore[attr-defined]
         taken = pool.take(SandboxSpec(EVALUATION, 1, 1, image=IMAGE, worker="pool-test-worker"))
@@ -147,12 +154,12 @@ def test_a_pool_that_cannot_start_sandboxes_fails_a_take_at_once(backend: Docker
     from services.errors import SandboxStartError
 
     missing = "pybench-eval/no-such-image:latest"
-    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=missing), size=2, imports=())
+    pool = WarmPool(backend, SandboxSpec(EVALUATION, 0, 0, image=missing, worker=WORKER), size=2, imports=())
     try:
         pool.fill()
         started = time.monotonic()
         with pytest.raises(SandboxStartError, match="make images"):
-            pool.take(SandboxSpec(EVALUATION, 1, 1, image=missing))
+            pool.take(SandboxSpec(EVALUATION, 1, 1, image=missing, worker=WORKER))
         assert time.monotonic() - started < 10, "the take waited for a pool that cannot start anything"
         assert pool.last_error is not None and "make images" in pool.last_error
     finally:
