@@ -211,9 +211,17 @@ class GatewayClient:
         result: dict[str, Any] = self._call("PUT", f"/v1/evaluations/{evaluation_id}/keys", json=body)
         return result
 
-    def retry(self, evaluation_id: str, tasks: list[int] | None = None) -> dict[str, Any]:
-        """Run failed tasks again (all failed ones when ``tasks`` is None); returns the evaluation's view."""
-        body = {"tasks": tasks} if tasks is not None else None
+    def retry(
+        self,
+        evaluation_id: str,
+        tasks: list[int] | None = None,
+        api_key: str | None = None,
+        judge_api_key: str | None = None,
+    ) -> dict[str, Any]:
+        """Run failed tasks again (all failed ones when ``tasks`` is None), with the evaluation's keys when given
+        (a finished evaluation no longer holds them); returns the evaluation's view."""
+        fields = {"tasks": tasks, "api_key": api_key, "judge_api_key": judge_api_key}
+        body = {name: value for name, value in fields.items() if value is not None} or None
         result: dict[str, Any] = self._call("POST", f"/v1/evaluations/{evaluation_id}/retry", json=body)
         return result
 

@@ -238,6 +238,29 @@ def test_keys_lost_with_redis_can_be_sent_again_and_are_never_shown(
     assert StateStore(redis_client).model_key(keyed) == CANARY_KEY
 
 
+def test_a_finished_evaluations_keys_are_never_stored_again_but_travel_with_a_retry(
+    api: httpx.Client, redis_client: Redis
+) -> None:
+    keyed = api.post("/v1/evaluations", json={**BODY, "api_key": CANARY_KEY}).json()["evaluation"]["id"]
+    lifecycle, state = TaskLifecycle(redis_client), StateStore(redis_client)
+    for index in (7, 16):
+        lifecycle.record_verdict(
+            Verdict(
+                evaluation_id=keyed, task_index=index, attempt=1, paper_category="Chart", status=VerdictStatus.FAILED
+            )
+        )
+    assert state.complete(keyed) and state.model_key(keyed) is None  # dropped once every task finished
+    stored = api.put(f"/v1/evaluations/{keyed}/keys", json={"api_key": CANARY_KEY})
+    assert stored.status_code == 409 and "retry" in stored.json()["detail"] and state.model_key(keyed) is None
+    keyless = api.post(f"/v1/evaluations/{keyed}/retry")
+    assert keyless.status_code == 409 and "api_key" in keyless.json()["detail"]
+    assert state.task_attempt(keyed, 7) == 1  # nothing ran again without its key
+    retried = api.post(f"/v1/evaluations/{keyed}/retry", json={"tasks": [7], "api_key": CANARY_KEY})
+    assert retried.status_code == 200 and CANARY_KEY not in retried.text
+    assert state.model_key(keyed) == CANARY_KEY and state.task_attempt(keyed, 7) == 2
+    assert 0 < redis_client.ttl(f"pbe:secret:model-key:{keyed}") <= 14 * 24 * 3600
+
+
 def test_cancelling_removes_the_queued_sessions_and_retry_reruns_failed_tasks(
     api: httpx.Client, redis_client: Redis
 ) -> None:

@@ -142,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     retry = add("retry", "run failed, infra_error and ungradable tasks again", commands.retry)
     retry.add_argument("id", help="the evaluation id")
     retry.add_argument("--tasks", metavar="SPEC", help="only these (like 1,2,5-9); default: every failed one")
+    retry.add_argument(
+        "--model-key-env", metavar="VAR", help="the variable holding the model's key (a finished evaluation needs it)"
+    )
+    retry.add_argument("--judge-key-env", metavar="VAR", help="the environment variable holding the judge's key")
 
     add("leaderboard", "per model, its best and latest completed evaluation", commands.leaderboard)
 

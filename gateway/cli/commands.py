@@ -246,9 +246,11 @@ def send_keys(args: argparse.Namespace, client: GatewayClient, printer: Printer)
 
 
 def retry(args: argparse.Namespace, client: GatewayClient, printer: Printer) -> int:
-    """Raises: UsageError: a bad --tasks."""
+    """Raises: UsageError: a bad --tasks, or a key variable that is not set."""
     tasks = parse_tasks(args.tasks) if args.tasks is not None else None
-    view = client.retry(args.id, tasks)
+    model_key = secret_from_env(args.model_key_env, "--model-key-env")
+    judge_key = secret_from_env(args.judge_key_env, "--judge-key-env")
+    view = client.retry(args.id, tasks, model_key, judge_key)
     if args.json:
         _print_json(printer, view)
         return 0

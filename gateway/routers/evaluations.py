@@ -209,6 +209,10 @@ class RetryRequest(BaseModel):
     model_config = {"extra": "forbid"}
 
     tasks: list[int] | None = Field(default=None, description="Tasks to run again; all failed ones when omitted.")
+    api_key: SecretStr | None = Field(
+        default=None, description="The model endpoint's key, as submitted: a finished evaluation no longer holds it."
+    )
+    judge_api_key: SecretStr | None = Field(default=None, description="The judge endpoint's key, likewise.")
 
 
 @router.post(
@@ -233,6 +237,17 @@ def retry_tasks(
             "Tasks not retryable",
             f"tasks {refused} have no failed verdict (yet); retry only tasks in: {failed or 'none'}",
         )
+    keys = KeysUpdate(api_key=body.api_key, judge_api_key=body.judge_api_key) if body else KeysUpdate()
+    _check_keys(evaluation, keys)
+    if evaluation.has_api_key and keys.api_key is None and state.model_key(evaluation.id) is None:
+        raise Problem(
+            409,
+            "Model key needed",
+            "this evaluation's model API key is no longer held (keys are dropped once an evaluation finishes): "
+            "send it with the retry as api_key (the CLI: retry --model-key-env VAR)",
+        )
+    if keys.api_key is not None or keys.judge_api_key is not None:
+        _hold_keys(state, evaluation.id, keys)
     for index in wanted:
         lifecycle.retry(evaluation.id, index)
     return _view(state, evaluation)
@@ -257,16 +272,32 @@ def put_keys(evaluation_id: str, body: KeysUpdate, caller: Caller, state: StateD
     evaluation = owned(state, caller, evaluation_id)
     if body.api_key is None and body.judge_api_key is None:
         raise Problem(422, "No key", "send api_key, judge_api_key or both")
-    if body.api_key is not None and not evaluation.has_api_key:
-        raise Problem(409, "No model key", "this evaluation was submitted without a model API key; submit a new one")
-    if body.judge_api_key is not None and not evaluation.has_judge_api_key:
-        raise Problem(409, "No judge key", "this evaluation was submitted without a judge API key; submit a new one")
-    state.set_keys(
-        evaluation.id,
-        body.api_key.get_secret_value() if body.api_key else None,
-        body.judge_api_key.get_secret_value() if body.judge_api_key else None,
-    )
+    _check_keys(evaluation, body)
+    if state.complete(evaluation.id):
+        raise Problem(
+            409,
+            "Evaluation finished",
+            "a finished evaluation's keys are not stored again: send them with POST .../retry (the CLI: retry "
+            "--model-key-env VAR) to run failed tasks again",
+        )
+    _hold_keys(state, evaluation.id, body)
     return _view(state, evaluation)
+
+
+def _check_keys(evaluation: Evaluation, keys: KeysUpdate) -> None:
+    """Raises: Problem: 409 for a key the evaluation was not submitted with."""
+    if keys.api_key is not None and not evaluation.has_api_key:
+        raise Problem(409, "No model key", "this evaluation was submitted without a model API key; submit a new one")
+    if keys.judge_api_key is not None and not evaluation.has_judge_api_key:
+        raise Problem(409, "No judge key", "this evaluation was submitted without a judge API key; submit a new one")
+
+
+def _hold_keys(state: StateStore, evaluation_id: str, keys: KeysUpdate) -> None:
+    state.set_keys(
+        evaluation_id,
+        keys.api_key.get_secret_value() if keys.api_key else None,
+        keys.judge_api_key.get_secret_value() if keys.judge_api_key else None,
+    )
 
 
 @router.get("/{evaluation_id}/results", operation_id="get_results", summary="Per-task verdicts and the metrics so far")
