@@ -14,6 +14,10 @@ from services.monitoring import LATENCY_BUCKETS, gateway_registry
 UNMATCHED_ROUTE = "unmatched"
 """The route label of requests no route matched (404s of made-up paths), so that they cannot grow the labels."""
 
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+"""The method labels; any other method a client sends (HTTP allows any token) is counted as ``OTHER_METHOD``."""
+OTHER_METHOD = "other"
+
 
 def install_metrics(app: FastAPI, redis: Redis) -> None:
     """Count every request of ``app`` by method, route template and status, and serve ``GET /metrics``."""
@@ -39,8 +43,9 @@ def install_metrics(app: FastAPI, redis: Redis) -> None:
             return response
         finally:
             route = getattr(request.scope.get("route"), "path", UNMATCHED_ROUTE)
-            requests.labels(method=request.method, route=route, status=str(status)).inc()
-            latency.labels(method=request.method, route=route).observe(time.perf_counter() - started)
+            method = request.method if request.method in METHODS else OTHER_METHOD
+            requests.labels(method=method, route=route, status=str(status)).inc()
+            latency.labels(method=method, route=route).observe(time.perf_counter() - started)
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:

@@ -7,6 +7,7 @@ metrics HTTP server on loopback.
 import io
 import json
 import logging
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,6 +62,8 @@ def test_the_gateway_counts_requests_by_route_and_shows_the_fleet_state(api: htt
     api.get(f"/v1/evaluations/{evaluation_id}")
     api.get("/v1/evaluations/nosuch")
     api.get("/made/up/path")
+    for verb in ("BREW", "PROPFIND", "X-ANYTHING-1"):  # HTTP allows any method token: none grows the labels
+        api.request(verb, "/made/up/path")
     response = api.get("/metrics")  # no key needed
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     text = response.text
@@ -69,6 +72,8 @@ def test_the_gateway_counts_requests_by_route_and_shows_the_fleet_state(api: htt
     assert _sample(text, "pbe_http_requests_total", method="GET", route=route, status="404") == 1
     assert _sample(text, "pbe_http_requests_total", method="POST", route="/v1/evaluations", status="201") == 1
     assert _sample(text, "pbe_http_requests_total", method="GET", route="unmatched", status="404") == 1
+    methods = set(re.findall(r'pbe_http_requests_total\{method="([^"]*)"', text))
+    assert methods == {"GET", "POST", "other"}, methods
     assert _sample(text, "pbe_http_request_duration_seconds_count", method="POST", route="/v1/evaluations") == 1
     assert _sample(text, "pbe_evaluations", state="queued") == 1
     assert _sample(text, "pbe_tasks", state="queued") == 2 and _sample(text, "pbe_tasks", state="unavailable") == 1
