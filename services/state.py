@@ -17,6 +17,7 @@ Keys (all prefixed ``pbe:``)::
     pbe:secret:judge-key:<id>             the judge's API key, likewise
 """
 
+import re
 from typing import Any
 
 from redis import Redis
@@ -31,6 +32,10 @@ DEFAULT_SECRET_TTL_S = 14 * 24 * 3600
 
 class EvaluationNotFoundError(PybenchEvalError):
     pass
+
+
+EVALUATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What an evaluation id may be (the service makes 20 hex digits): never a ``:``, which would address another key."""
 
 
 def evaluation_key(evaluation_id: str, *parts: str) -> str:
@@ -58,6 +63,11 @@ class StateStore:
         Raises:
             EvaluationNotFoundError: no evaluation has that id.
         """
+        if not EVALUATION_ID.fullmatch(evaluation_id):  # "<id>:tasks" would read another key of the evaluation
+            raise EvaluationNotFoundError(
+                f"no evaluation {evaluation_id[:80]!r}: ids are letters, digits, - and _; list them with "
+                "GET /v1/evaluations"
+            )
         raw = self.redis.get(evaluation_key(evaluation_id))
         if raw is None:
             raise EvaluationNotFoundError(f"no evaluation {evaluation_id!r}; list them with GET /v1/evaluations")

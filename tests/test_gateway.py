@@ -238,6 +238,16 @@ def test_keys_lost_with_redis_can_be_sent_again_and_are_never_shown(
     assert StateStore(redis_client).model_key(keyed) == CANARY_KEY
 
 
+def test_an_id_that_names_another_key_of_an_evaluation_is_a_404_not_a_server_error(api: httpx.Client) -> None:
+    evaluation_id = api.post("/v1/evaluations", json=BODY).json()["evaluation"]["id"]
+    for suffix in (":tasks", ":verdicts", ":attempts", ":tasks:x"):
+        response = api.get(f"/v1/evaluations/{evaluation_id}{suffix}")
+        assert response.status_code == 404, (suffix, response.status_code, response.text)
+        assert "ids are letters, digits" in response.json()["detail"]
+        assert api.get(f"/v1/evaluations/{evaluation_id}{suffix}/results").status_code == 404
+    assert api.get(f"/v1/evaluations/{evaluation_id}").status_code == 200
+
+
 def test_a_finished_evaluations_keys_are_never_stored_again_but_travel_with_a_retry(
     api: httpx.Client, redis_client: Redis
 ) -> None:
