@@ -1,5 +1,6 @@
 """Errors as ``application/problem+json`` (RFC 9457), each with a ``detail`` that says what to do next."""
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -11,6 +12,8 @@ from services.errors import ArtifactNotFoundError, ConfigurationError, PybenchEv
 from services.state import EvaluationNotFoundError
 
 PROBLEM_JSON = "application/problem+json"
+
+logger = logging.getLogger(__name__)
 
 
 class Problem(Exception):
@@ -66,4 +69,7 @@ def install_problem_handlers(app: FastAPI) -> None:
         for error_type, status, title in _STATUS_OF:
             if isinstance(exc, error_type):
                 return problem_response(status, title, str(exc), request.url.path)
-        return problem_response(500, "Internal error", str(exc), request.url.path)
+        logger.error("%s %s: %s", request.method, request.url.path, exc)  # the whole message, paths included
+        return problem_response(
+            500, "Internal error", f"{type(exc).__name__}: the service could not do this; see its log", request.url.path
+        )

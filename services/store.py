@@ -54,11 +54,18 @@ class ArtifactStore:
         except OSError as exc:
             raise StoreError(f"cannot write {path}: {exc}; check PBE_ARTIFACT_ROOT is writable") from exc
 
+    def _name(self, path: Path) -> str:
+        """``path`` as the store names it (relative to its root): an error a client may read shows no server path."""
+        try:
+            return str(path.relative_to(self.root))
+        except ValueError:
+            return path.name
+
     def _read(self, path: Path, model: type[ModelT]) -> ModelT:
         try:
             return model.model_validate_json(path.read_bytes())
         except FileNotFoundError:
-            raise ArtifactNotFoundError(f"no artifact at {path}") from None
+            raise ArtifactNotFoundError(f"no artifact {self._name(path)}") from None
         except (OSError, ValidationError) as exc:
             raise StoreError(f"cannot read {path}: {exc}") from exc
 

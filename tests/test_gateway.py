@@ -248,6 +248,15 @@ def test_an_id_that_names_another_key_of_an_evaluation_is_a_404_not_a_server_err
     assert api.get(f"/v1/evaluations/{evaluation_id}").status_code == 200
 
 
+def test_a_missing_artifact_is_a_404_that_shows_no_server_path(api: httpx.Client, tmp_path: Path) -> None:
+    evaluation_id = api.post("/v1/evaluations", json=BODY).json()["evaluation"]["id"]  # queued: no trajectory yet
+    missing = api.get(f"/v1/evaluations/{evaluation_id}/tasks/7/trajectory")
+    assert missing.status_code == 404
+    detail = missing.json()["detail"]
+    assert f"evaluations/{evaluation_id}/tasks/7/attempt-1/trajectory.json" in detail
+    assert str(tmp_path) not in missing.text and str(tmp_path.resolve()) not in missing.text
+
+
 def test_a_finished_evaluations_keys_are_never_stored_again_but_travel_with_a_retry(
     api: httpx.Client, redis_client: Redis
 ) -> None:
