@@ -520,6 +520,7 @@ def test_settings_are_accepted_by_each_service(rendered: dict[str, list[Obj]], m
         assert "PBE_ADMIN_KEY" not in env, "the admin key comes from the Secret, never the ConfigMap"
         gateway_env = _containers(_pod_spec(_find(objects, "Deployment", "gateway")) or {})[0]["env"]
         assert gateway_env == [
+            {"name": "FORWARDED_ALLOW_IPS", "value": "*"},  # uvicorn's, for the Ingress's X-Forwarded-Proto
             {
                 "name": "PBE_ADMIN_KEY",
                 "valueFrom": {"secretKeyRef": {"name": "pybench-eval-admin", "key": "PBE_ADMIN_KEY"}},
@@ -663,3 +664,46 @@ def test_checkov_fails_nothing_but_the_accepted_exceptions(
     assert sandbox_failures == [], f"checks failed on the sandbox namespace's objects: {sandbox_failures}"
     assert sorted(failed - accepted) == [], "checks failed that k8s/checkov-accepted.yaml does not accept"
     assert sorted(accepted - failed) == [], "accepted exceptions that no longer fail: remove them"
+
+
+def test_the_gateway_trusts_the_ingress_forwarded_scheme_so_dashboard_cookies_are_secure(
+    rendered: dict[str, list[Obj]], redis_url: str, suite_path: Path, tmp_path: Path
+) -> None:
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+
+    from gateway.app import create_app
+    from tests.fixtures import gateway_settings
+    from tests.servers import free_port
+
+    objects = rendered["local"]
+    allowed = _env_of(objects, _find(objects, "Deployment", "gateway"))["FORWARDED_ALLOW_IPS"]
+
+    def login_cookie(forwarded_allow_ips: str | None) -> str:
+        """The sign-in form's Set-Cookie, asked from 127.0.0.2 (not the server's own address) as a TLS proxy would."""
+        app = create_app(gateway_settings(redis_url, suite_path, tmp_path))
+        port = free_port()
+        options = {} if forwarded_allow_ips is None else {"forwarded_allow_ips": forwarded_allow_ips}
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **options))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        try:
+            while not server.started:
+                assert thread.is_alive(), "the gateway did not start"
+                time.sleep(0.02)
+            proxy = httpx.HTTPTransport(local_address="127.0.0.2")
+            with httpx.Client(transport=proxy) as client:
+                response = client.get(
+                    f"http://127.0.0.1:{port}/dashboard/login", headers={"X-Forwarded-Proto": "https"}
+                )
+            assert response.status_code == 200
+            return response.headers["set-cookie"]
+        finally:
+            server.should_exit = True
+            thread.join(timeout=10)
+
+    assert "secure" not in login_cookie(None).lower()  # uvicorn's default trusts only 127.0.0.1
+    assert "secure" in login_cookie(allowed).lower()
