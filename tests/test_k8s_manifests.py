@@ -524,7 +524,7 @@ def test_settings_are_accepted_by_each_service(rendered: dict[str, list[Obj]], m
             {
                 "name": "PBE_ADMIN_KEY",
                 "valueFrom": {"secretKeyRef": {"name": "pybench-eval-admin", "key": "PBE_ADMIN_KEY"}},
-            }
+            },
         ]
         for name in ("executor", "grader"):
             container = _containers(_pod_spec(_find(objects, "Deployment", name)) or {})[0]

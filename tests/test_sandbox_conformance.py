@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,8 +22,8 @@ import pytest
 
 from executor.kernel import KernelClient
 from services.errors import SandboxError, SandboxUnavailableError
-from services.sandbox.base import SandboxBackend, SandboxSpec
-from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, SANDBOX_NAME_PREFIX, SandboxHandle
+from services.sandbox.base import EXEC_TIMEOUT_STATUS, SandboxBackend, SandboxSpec
+from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, SANDBOX_NAME_PREFIX, SANDBOX_UID, SandboxHandle
 from services.sandbox.local import LocalSandboxBackend
 
 SANDBOX_IMAGE = DEFAULT_SANDBOX_IMAGE
@@ -312,6 +313,50 @@ def test_the_executors_environment_does_not_reach_the_kernel(shared: SandboxHand
     assert not any(shared.token in value for value in environment.values())
 
 
+# --- exec: one command beside the kernel ----------------------------------------------------------------------
+
+
+def test_exec_runs_in_the_workspace_reads_its_stdin_and_reports_how_it_ended(
+    backend: SandboxBackend, shared: SandboxHandle
+) -> None:
+    backend.put_file(shared, "/workspace/data/exec.txt", b"from put_file")
+    script = "cat data/exec.txt; echo; cat; echo to-stderr >&2; exit 3"
+    result = backend.exec(shared, ["sh", "-c", script], stdin=b"from stdin", timeout_s=30)
+    assert (result.exit_code, result.timed_out, result.truncated) == (3, False, False)
+    assert result.stdout == b"from put_file\nfrom stdin" and result.stderr == b"to-stderr\n"
+    without_stdin = backend.exec(shared, ["cat"], timeout_s=30)  # no stdin: end of file at once, never a hang
+    assert (without_stdin.exit_code, without_stdin.stdout) == (0, b"")
+    with pytest.raises(ValueError):
+        backend.exec(shared, [])
+
+
+def test_exec_is_killed_at_its_time_limit_and_keeps_only_the_first_bytes_of_a_flood(
+    backend: SandboxBackend, shared: SandboxHandle
+) -> None:
+    started = time.monotonic()
+    flood = "head -c 20000000 /dev/zero; sleep 60"
+    result = backend.exec(shared, ["sh", "-c", flood], timeout_s=3, max_output_bytes=1000)
+    elapsed = time.monotonic() - started
+    assert result.timed_out and result.exit_code == EXEC_TIMEOUT_STATUS, result
+    assert result.truncated and result.stdout == b"\0" * 1000
+    assert elapsed < 15, f"a 3 s command took {elapsed:.1f} s to be killed"
+    assert backend.exec(shared, ["true"], timeout_s=30).exit_code == 0  # the sandbox lives on
+
+
+def test_exec_gets_none_of_the_executors_environment_nor_the_gateways_token(
+    backend: SandboxBackend, shared: SandboxHandle
+) -> None:
+    result = backend.exec(shared, ["env"], timeout_s=30)
+    assert result.exit_code == 0
+    assert CANARY_VALUE.encode() not in result.stdout and shared.token.encode() not in result.stdout
+
+
+def test_exec_runs_as_the_sandbox_user(kind: Kind, backend: SandboxBackend, shared: SandboxHandle) -> None:
+    require(kind, "isolation")
+    result = backend.exec(shared, ["id", "-u"], timeout_s=30)
+    assert result.stdout.strip() == str(SANDBOX_UID).encode()
+
+
 # --- isolation (known gaps of the local backend) ------------------------------------------------------------
 
 
@@ -440,6 +485,8 @@ def test_a_stopped_sandbox_is_unavailable(kind: Kind, backend: SandboxBackend, e
         backend.put_file(handle, "/workspace/data/x.csv", b"x")
     with pytest.raises(SandboxUnavailableError):
         backend.get_tree(handle, "/workspace/output")
+    with pytest.raises(SandboxUnavailableError):
+        backend.exec(handle, ["true"])
 
 
 def test_reap_removes_an_evaluations_forgotten_sandbox_and_spares_another_evaluations(

@@ -26,7 +26,7 @@ from grader.file_checks import checker_sources
 from grader.settings import GraderSettings
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
 from services.sandbox import grading_pods
-from services.sandbox.base import SandboxSpec
+from services.sandbox.base import EXEC_TIMEOUT_STATUS, SandboxSpec
 from services.sandbox.contract import SandboxHandle
 from services.sandbox.grading_backends import file_check_backend
 from services.sandbox.k8s_pods import DEFAULT_NAMESPACE
@@ -293,6 +293,28 @@ def test_the_session_pod_passes_the_restricted_profile_and_the_1_32_schema(
 
 
 # --- a session: start, a cell, files in and out, stop --------------------------------------------------------
+
+
+def test_exec_over_the_pods_exec_stream_feeds_stdin_caps_output_and_kills_at_the_limit(
+    fake: FakeKubeAPI, backend: KubernetesSandboxBackend
+) -> None:
+    handle = backend.start(spec())
+    try:
+        backend.put_file(handle, "/workspace/data/exec.txt", b"from put_file")
+        script = "cat data/exec.txt; echo; cat; echo to-stderr >&2; exit 3"
+        result = backend.exec(handle, ["sh", "-c", script], stdin=b"from stdin", timeout_s=30)
+        assert (result.exit_code, result.timed_out) == (3, False)
+        assert result.stdout == b"from put_file\nfrom stdin" and result.stderr == b"to-stderr\n"
+        assert backend.exec(handle, ["cat"], timeout_s=30).stdout == b""  # no stdin: end of file at once
+        flood = backend.exec(
+            handle, ["sh", "-c", "head -c 3000000 /dev/zero; sleep 60"], timeout_s=2, max_output_bytes=100
+        )
+        assert flood.timed_out and flood.exit_code == EXEC_TIMEOUT_STATUS and flood.stdout == b"\0" * 100
+        assert flood.truncated
+    finally:
+        backend.stop(handle)
+    with pytest.raises(SandboxUnavailableError):
+        backend.exec(handle, ["true"])
 
 
 def test_start_runs_a_cell_moves_files_in_and_out_and_stop_removes_the_pod(

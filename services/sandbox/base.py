@@ -1,8 +1,11 @@
-"""The sandbox interface: start a box running a kernel gateway, move files in and out, stop it, reap orphans.
+"""The sandbox interface: start a box running a kernel gateway, move files in and out, run a command in it, stop
+it, reap orphans.
 
 A sandbox is used by one task session and destroyed after it; it is never handed to another task.
 Running cells is not the backend's job: every backend exposes a kernel gateway (``SandboxHandle.url`` and
-``token``) and ``executor.kernel.KernelClient`` talks to it, whatever the backend.
+``token``) and ``executor.kernel.KernelClient`` talks to it, whatever the backend. ``exec`` runs one command
+beside it (as the sandbox user, with its limits, its output bounded and its time limited), for whatever a
+session or a grading needs besides cells.
 """
 
 import bisect
@@ -11,7 +14,7 @@ import io
 import tarfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +34,15 @@ DEFAULT_READY_TIMEOUT_S = 60.0
 
 DEFAULT_MAX_TREE_FILES = 1000
 """The most entries (files, and empty folders) ``get_tree`` hands back from one folder; the rest are dropped."""
+
+DEFAULT_EXEC_TIMEOUT_S = 60.0
+"""How long an ``exec``'d command may run before it is killed, unless the caller says otherwise."""
+
+DEFAULT_EXEC_OUTPUT_BYTES = 1024 * 1024
+"""The most bytes of an ``exec``'d command's stdout, and of its stderr, that are kept; the rest is read and dropped."""
+
+EXEC_TIMEOUT_STATUS = 137
+"""The exit status of a command killed at its time limit (``timeout --signal=KILL``: 128 + 9)."""
 
 DEFAULT_MAX_TREE_BYTES = 512 * 1024 * 1024
 """The most bytes of files ``get_tree`` hands back from one folder (never more is held in memory); the rest
@@ -59,6 +71,57 @@ class SandboxSpec:
     background: bool = False
     """Started ahead of any session (the warm pool's): where the backend can, its start yields the CPU to the cells
     of running sessions (which run against a time limit) until a session takes it (``SandboxBackend.promote``)."""
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """How a command ``exec``'d in a sandbox ended."""
+
+    exit_code: int
+    """Its exit status (``EXEC_TIMEOUT_STATUS`` when killed at its time limit)."""
+    stdout: bytes
+    """The first ``max_output_bytes`` of what it wrote to stdout."""
+    stderr: bytes
+    """The first ``max_output_bytes`` of what it wrote to stderr."""
+    timed_out: bool = False
+    """It was killed at its time limit."""
+    truncated: bool = False
+    """It wrote more than ``max_output_bytes`` to stdout or stderr; the rest was dropped."""
+
+
+class BoundedOutput:
+    """Collects a command's stdout and stderr, keeping at most ``limit`` bytes of each (the rest is counted and
+    dropped), so a command that floods its output costs the caller no more memory than the limit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._kept = {1: bytearray(), 2: bytearray()}
+        self.truncated = False
+
+    def add(self, stream: int, data: bytes) -> None:
+        """Keep what fits of ``data`` from ``stream`` (1 stdout, 2 stderr)."""
+        kept = self._kept[stream]
+        room = self.limit - len(kept)
+        if len(data) > room:
+            self.truncated = True
+        if room > 0:
+            kept.extend(data[:room])
+
+    def result(self, exit_code: int, *, timed_out: bool) -> ExecResult:
+        return ExecResult(exit_code, bytes(self._kept[1]), bytes(self._kept[2]), timed_out, self.truncated)
+
+
+def check_exec(argv: Sequence[str], timeout_s: float, max_output_bytes: int) -> list[str]:
+    """``argv`` checked, and wrapped to be killed at ``timeout_s`` (``timeout --signal=KILL``, coreutils).
+
+    Raises:
+        ValueError: an empty ``argv``, a NUL in it, a time limit or an output cap that is not positive.
+    """
+    if not argv or any("\x00" in part for part in argv):
+        raise ValueError("exec needs a command (argv[0]) and arguments without NUL characters")
+    if timeout_s <= 0 or max_output_bytes <= 0:
+        raise ValueError("exec needs a positive timeout_s and max_output_bytes")
+    return ["timeout", "--signal=KILL", f"{timeout_s:g}", *argv]
 
 
 class SandboxBackend(ABC):
@@ -115,6 +178,28 @@ class SandboxBackend(ABC):
 
         Raises:
             SandboxUnavailableError: the sandbox is gone.
+        """
+
+    @abstractmethod
+    def exec(
+        self,
+        handle: SandboxHandle,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout_s: float = DEFAULT_EXEC_TIMEOUT_S,
+        max_output_bytes: int = DEFAULT_EXEC_OUTPUT_BYTES,
+    ) -> ExecResult:
+        """Run ``argv`` in the sandbox as its unprivileged user, in ``/workspace``, with the sandbox's limits and
+        none of the caller's environment; feed it ``stdin`` (then end of file), kill it after ``timeout_s``, keep
+        at most ``max_output_bytes`` of its stdout and of its stderr.
+
+        A command that fails, is killed at its time limit or floods its output is not an error: ``ExecResult``
+        says how it ended.
+
+        Raises:
+            SandboxUnavailableError: the sandbox is gone (never returned as the command's output).
+            ValueError: an empty ``argv``, or a time limit or output cap that is not positive.
         """
 
     def promote(self, handle: SandboxHandle) -> None:

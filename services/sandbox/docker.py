@@ -22,6 +22,7 @@ import socket
 import tarfile
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import docker
@@ -32,13 +33,19 @@ import httpx
 
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
 from services.sandbox.base import (
+    DEFAULT_EXEC_OUTPUT_BYTES,
+    DEFAULT_EXEC_TIMEOUT_S,
     DEFAULT_MAX_TREE_BYTES,
     DEFAULT_MAX_TREE_FILES,
+    EXEC_TIMEOUT_STATUS,
+    BoundedOutput,
     ChunkReader,
+    ExecResult,
     SandboxBackend,
     SandboxSpec,
     Tree,
     TreeCollector,
+    check_exec,
     collect_tar,
     one_file_archive,
 )
@@ -310,6 +317,70 @@ class DockerSandboxBackend(SandboxBackend):
         if not ok:
             raise SandboxUnavailableError(f"sandbox {handle.name} refused {dest}")
 
+    def exec(
+        self,
+        handle: SandboxHandle,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout_s: float = DEFAULT_EXEC_TIMEOUT_S,
+        max_output_bytes: int = DEFAULT_EXEC_OUTPUT_BYTES,
+    ) -> ExecResult:
+        """An exec of the engine's, as the sandbox user in ``/workspace``, killed by ``timeout`` inside the box; its
+        stream is read frame by frame (never whole) until the command ends, or a few seconds past its time limit.
+
+        Raises:
+            SandboxUnavailableError: the sandbox is gone, or the engine lost the exec.
+            ValueError: a bad ``argv``, ``timeout_s`` or ``max_output_bytes``.
+        """
+        command = check_exec(argv, timeout_s, max_output_bytes)
+        api = self.client.api
+        try:
+            created = api.exec_create(
+                handle.sandbox_id,
+                command,
+                stdin=stdin is not None,
+                user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+                workdir=WORKSPACE,
+                environment={"KG_AUTH_TOKEN": ""},  # the box's own variable: not the command's to read
+            )
+            connection = api.exec_start(created["Id"], socket=True)
+        except docker.errors.NotFound as exc:
+            raise SandboxUnavailableError(f"sandbox {handle.name} is gone") from exc
+        except DOCKER_ERRORS as exc:
+            raise SandboxUnavailableError(f"cannot run a command in sandbox {handle.name}: {exc}") from exc
+        raw: socket.socket = getattr(connection, "_sock", connection)
+        output = BoundedOutput(max_output_bytes)
+        deadline = time.monotonic() + timeout_s + _EXEC_GRACE_S
+        try:
+            if stdin is not None:
+                raw.sendall(stdin)
+                raw.shutdown(socket.SHUT_WR)
+            _read_exec_frames(raw, output, deadline)
+        except OSError as exc:
+            raise SandboxUnavailableError(f"lost the command's stream in sandbox {handle.name}: {exc}") from exc
+        finally:
+            with contextlib.suppress(OSError):
+                raw.close()
+        code = self._exec_status(created["Id"], handle)
+        return output.result(code, timed_out=code == EXEC_TIMEOUT_STATUS)
+
+    def _exec_status(self, exec_id: str, handle: SandboxHandle) -> int:
+        """The exit status of a finished exec (the engine records it a moment after the stream ends).
+
+        Raises:
+            SandboxUnavailableError: the engine lost the exec, or it is still running past its time limit.
+        """
+        for _ in range(50):
+            try:
+                state = self.client.api.exec_inspect(exec_id)
+            except DOCKER_ERRORS as exc:
+                raise SandboxUnavailableError(f"lost a command's status in sandbox {handle.name}: {exc}") from exc
+            if not state.get("Running") and state.get("ExitCode") is not None:
+                return int(state["ExitCode"])
+            time.sleep(0.02)
+        raise SandboxUnavailableError(f"a command in sandbox {handle.name} outlived its time limit")
+
     def get_tree(
         self,
         handle: SandboxHandle,
@@ -378,3 +449,34 @@ class DockerSandboxBackend(SandboxBackend):
                 self._remove_volume(volume.name)
                 removed.append(volume.name)
         return removed
+
+
+_EXEC_GRACE_S = 5.0
+"""How long past an exec's time limit its stream is read before the executor gives up on it (``timeout`` kills the
+command inside the box at the limit; this only guards against an engine that never closes the stream)."""
+
+
+def _read_exec_frames(raw: socket.socket, output: BoundedOutput, deadline: float) -> None:
+    """Read an exec's multiplexed stream (8-byte headers: stream, 3 zero bytes, big-endian length) into ``output``
+    until the engine closes it.
+
+    Raises:
+        OSError: the connection broke, or ``deadline`` (``time.monotonic()``) passed first.
+    """
+    buffer = b""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the command's stream did not end in time")
+        raw.settimeout(left)
+        chunk = raw.recv(65536)
+        if not chunk:
+            return
+        buffer += chunk
+        while len(buffer) >= 8:
+            size = int.from_bytes(buffer[4:8], "big")
+            if len(buffer) < 8 + size:
+                break
+            stream = buffer[0]
+            output.add(stream if stream in (1, 2) else 1, buffer[8 : 8 + size])
+            buffer = buffer[8 + size :]

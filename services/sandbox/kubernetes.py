@@ -25,7 +25,7 @@ import secrets
 import tarfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,13 +36,19 @@ from kubernetes.client.rest import ApiException
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
 from services.sandbox import k8s_client
 from services.sandbox.base import (
+    DEFAULT_EXEC_OUTPUT_BYTES,
+    DEFAULT_EXEC_TIMEOUT_S,
     DEFAULT_MAX_TREE_BYTES,
     DEFAULT_MAX_TREE_FILES,
+    EXEC_TIMEOUT_STATUS,
+    BoundedOutput,
     ChunkReader,
+    ExecResult,
     SandboxBackend,
     SandboxSpec,
     Tree,
     TreeCollector,
+    check_exec,
     collect_tar,
     one_file_archive,
 )
@@ -273,6 +279,43 @@ class KubernetesSandboxBackend(SandboxBackend):
             self.configuration, handle.name, self.namespace, command, CONTAINER_NAME, stdin, on_stdout=on_stdout
         )
 
+    def exec(
+        self,
+        handle: SandboxHandle,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout_s: float = DEFAULT_EXEC_TIMEOUT_S,
+        max_output_bytes: int = DEFAULT_EXEC_OUTPUT_BYTES,
+    ) -> ExecResult:
+        """The pod's exec subresource, in ``/workspace``, killed by ``timeout`` inside the pod. The exec protocol
+        cannot close stdin, so the command reads exactly ``stdin``'s bytes (``head -c``) and then end of file. The
+        stream keeps only the last 8 KiB of stderr, so ``stderr`` is at most that.
+
+        Raises:
+            SandboxUnavailableError: the pod is gone, the stream broke, or it outlived its time limit.
+            ValueError: a bad ``argv``, ``timeout_s`` or ``max_output_bytes``.
+        """
+        command = check_exec(argv, timeout_s, max_output_bytes)
+        data = stdin or b""
+        script = 'cd "$0" || exit 126; n=$1; shift; head -c "$n" | "$@"'
+        output = BoundedOutput(max_output_bytes)
+        try:
+            result = k8s_client.run_in_pod(
+                self.configuration,
+                handle.name,
+                self.namespace,
+                ["sh", "-c", script, WORKSPACE, str(len(data)), *command],
+                CONTAINER_NAME,
+                data,
+                deadline=time.monotonic() + timeout_s + _EXEC_GRACE_S,
+                on_stdout=lambda chunk: output.add(1, chunk),
+            )
+        except TimeoutError as exc:
+            raise SandboxUnavailableError(f"a command in sandbox pod {handle.name} outlived its time limit") from exc
+        output.add(2, result.stderr)
+        return output.result(result.exit_code, timed_out=result.exit_code == EXEC_TIMEOUT_STATUS)
+
     def put_file(self, handle: SandboxHandle, dest: str, data: bytes) -> None:
         """Write ``dest`` (under ``/workspace``; missing folders are made) through ``tar -x`` over exec.
 
@@ -368,3 +411,7 @@ class KubernetesSandboxBackend(SandboxBackend):
                 k8s_client.delete_pod(self.core, name, self.namespace)
                 removed.append(name)
         return removed
+
+
+_EXEC_GRACE_S = 5.0
+"""How long past an exec's time limit its stream is read before the executor gives up on it."""

@@ -66,12 +66,18 @@ import psutil
 
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
 from services.sandbox.base import (
+    DEFAULT_EXEC_OUTPUT_BYTES,
+    DEFAULT_EXEC_TIMEOUT_S,
     DEFAULT_MAX_TREE_BYTES,
     DEFAULT_MAX_TREE_FILES,
+    EXEC_TIMEOUT_STATUS,
+    BoundedOutput,
+    ExecResult,
     SandboxBackend,
     SandboxSpec,
     Tree,
     TreeCollector,
+    check_exec,
 )
 from services.sandbox.contract import WORKSPACE, SandboxHandle, reap_selector, sandbox_labels, sandbox_name
 
@@ -262,6 +268,56 @@ class LocalSandboxBackend(SandboxBackend):
         if layout is None or meta is None or meta.get("name") != handle.name:
             raise SandboxUnavailableError(f"sandbox {handle.name} is gone (stopped or reaped)")
         return layout
+
+    def exec(
+        self,
+        handle: SandboxHandle,
+        argv: Sequence[str],
+        *,
+        stdin: bytes | None = None,
+        timeout_s: float = DEFAULT_EXEC_TIMEOUT_S,
+        max_output_bytes: int = DEFAULT_EXEC_OUTPUT_BYTES,
+    ) -> ExecResult:
+        """A child process in the sandbox's workspace with the gateway's environment less its token, killed by
+        ``timeout`` (and its process group after a grace period); both pipes read by threads into the caps.
+
+        Raises:
+            SandboxUnavailableError: the sandbox's folder is gone.
+            ValueError: a bad ``argv``, ``timeout_s`` or ``max_output_bytes``.
+        """
+        command = check_exec(argv, timeout_s, max_output_bytes)
+        layout = self._layout(handle)
+        env = {k: v for k, v in _gateway_env(layout, "").items() if k != "KG_AUTH_TOKEN"}
+        process = subprocess.Popen(
+            command,
+            cwd=layout.workspace,
+            env=env,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        output = BoundedOutput(max_output_bytes)
+        readers = [
+            threading.Thread(target=_drain, args=(pipe, stream, output), daemon=True)
+            for stream, pipe in ((1, process.stdout), (2, process.stderr))
+        ]
+        for reader in readers:
+            reader.start()
+        if stdin is not None and process.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                process.stdin.write(stdin)
+            process.stdin.close()
+        try:
+            code = process.wait(timeout=timeout_s + _EXEC_GRACE_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            code = process.wait()
+        for reader in readers:
+            reader.join(timeout=_EXEC_GRACE_S)
+        code = EXEC_TIMEOUT_STATUS if code == -signal.SIGKILL else code
+        return output.result(code, timed_out=code == EXEC_TIMEOUT_STATUS)
 
     def put_file(self, handle: SandboxHandle, dest: str, data: bytes) -> None:
         """Write ``data`` to the sandbox path ``dest`` (``/workspace/...``), making its folders.
@@ -631,3 +687,14 @@ def _running(process: psutil.Process) -> bool:
         return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
+
+
+_EXEC_GRACE_S = 5.0
+"""How long past its time limit an exec'd command's process group is given before it is killed outright."""
+
+
+def _drain(pipe: Any, stream: int, output: BoundedOutput) -> None:
+    """Read ``pipe`` to its end into ``output`` (what passes the cap is read and dropped)."""
+    with contextlib.suppress(OSError, ValueError):
+        while chunk := pipe.read1(65536):
+            output.add(stream, chunk)
