@@ -47,14 +47,26 @@ EXECUTE_PYTHON_TOOL: dict[str, Any] = {
 """The one tool of the tool-calling mode."""
 
 
+CALL_SHAPE = '{"type": "function", "function": {"name": "execute_python", "arguments": "{\\"code\\": \\"...\\"}"}}'
+"""What a call must look like, quoted to a model whose call is not of that shape."""
+
+
 def tool_code(call: dict[str, Any]) -> tuple[str | None, str]:
-    """The code of an ``execute_python`` call, or None with the reason it cannot run."""
-    function = call.get("function") or {}
-    if function.get("name") != "execute_python":
-        return None, f"unknown tool {function.get('name')!r}: the only tool is execute_python"
+    """The code of an ``execute_python`` call, or None with the reason it cannot run. Any shape the model sends
+    (a ``function`` that is not an object, arguments that are not text, JSON nested past the parser's depth) is a
+    reason, never an exception."""
+    function = call.get("function")
+    if not isinstance(function, dict):
+        return None, f"the call has no function object: send {CALL_SHAPE}"
+    name = function.get("name")
+    if name != "execute_python":
+        return None, f"unknown tool {str(name)[:100]!r}: the only tool is execute_python"
+    raw = function.get("arguments")
+    if raw is not None and not isinstance(raw, str):
+        return None, f"the arguments must be a JSON text: send {CALL_SHAPE}"
     try:
-        arguments = json.loads(function.get("arguments") or "{}")
-    except ValueError:
+        arguments = json.loads(raw or "{}")
+    except (ValueError, RecursionError):
         return None, 'the arguments are not JSON: send {"code": "..."}'
     code = arguments.get("code") if isinstance(arguments, dict) else None
     if not isinstance(code, str) or not code.strip():
@@ -62,9 +74,15 @@ def tool_code(call: dict[str, Any]) -> tuple[str | None, str]:
     return code, ""
 
 
+def call_id(call: dict[str, Any]) -> str | None:
+    """The id a ``tool`` message answers ``call`` by: the call's own when it is text, else none."""
+    value = call.get("id")
+    return value[:200] if isinstance(value, str) else None
+
+
 def _not_run(calls: list[dict[str, Any]]) -> list[Message]:
     """The answers to the calls of a reply after its first: each needs one, and only one cell runs per turn."""
-    return [Message(role="tool", tool_call_id=call.get("id"), content="not run: one call per turn") for call in calls]
+    return [Message(role="tool", tool_call_id=call_id(call), content="not run: one call per turn") for call in calls]
 
 
 def run_agent(
@@ -125,7 +143,7 @@ def run_agent(
                 return run
             code, problem = tool_code(calls[0])
             if code is None:
-                run.messages.append(Message(role="tool", tool_call_id=calls[0].get("id"), content=problem))
+                run.messages.append(Message(role="tool", tool_call_id=call_id(calls[0]), content=problem))
                 run.messages.extend(_not_run(calls[1:]))
                 continue
         else:
@@ -146,7 +164,7 @@ def run_agent(
         turn.execution = execution
         reported = interpreter_message(execution, output)
         if tools:
-            reported = Message(role="tool", tool_call_id=calls[0].get("id"), content=reported.content)
+            reported = Message(role="tool", tool_call_id=call_id(calls[0]), content=reported.content)
         run.messages.append(reported)
         run.messages.extend(_not_run(calls[1:]))
         log.debug("turn %d: cell ran in %.3f s", index, time.monotonic() - started)

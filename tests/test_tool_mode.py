@@ -108,3 +108,31 @@ def test_code_runs_through_execute_python_calls_and_comes_back_as_tool_messages(
 
 def test_pybench_mode_messages_dump_exactly_as_recorded() -> None:
     assert Message(role="user", content="q").model_dump() == {"role": "user", "content": "q"}
+
+
+def test_malformed_tool_calls_are_answered_with_what_to_fix_and_the_session_goes_on(
+    server: tuple[ToolServer, str], kernel: KernelClient
+) -> None:
+    scripted, url = server
+    nested = "[" * 100_000 + "]" * 100_000
+    scripted.replies.extend(
+        [
+            {"content": "", "tool_calls": [{"id": "a", "type": "function", "function": "execute_python"}]},
+            {"content": "", "tool_calls": [{"id": 7, "function": {"name": "execute_python", "arguments": {"x": 1}}}]},
+            {"content": "", "tool_calls": [{"id": "c", "function": {"name": ["x"], "arguments": "{}"}}]},
+            {"content": "", "tool_calls": [call("d", nested)]},
+            {"content": "", "tool_calls": [call("e", json.dumps({"code": "print(6 * 7)"}))]},
+            {"content": "Finished: 42"},
+        ]
+    )
+    model = EndpointClient(url, "m", retries=0)
+    opening = [Message(role="system", content="s"), Message(role="user", content="compute 6 * 7")]
+    run = run_agent(opening, model, kernel, max_turns=10, cell_timeout_s=30, sampling={}, tools=True)
+    assert run.end_reason is EndReason.NO_CODE and run.error is None
+    answers = [m for m in run.messages if m.role == "tool"]
+    assert "no function object" in answers[0].content and answers[0].tool_call_id == "a"
+    assert "must be a JSON text" in answers[1].content and answers[1].tool_call_id is None  # an id that is no text
+    assert "unknown tool" in answers[2].content
+    assert "not JSON" in answers[3].content
+    assert "42" in answers[4].content and answers[4].tool_call_id == "e"
+    assert [t.code for t in run.turns] == [None, None, None, None, "print(6 * 7)", None]
