@@ -104,8 +104,34 @@ def run_agent(
     ``tools``: offer ``execute_python`` through the OpenAI tools API instead of reading code from the reply's
     text; the first call of a reply runs (further ones are answered as not run), and a reply without a call
     ends the session.
+
+    Anything else that goes wrong in the loop (a bug the model's answers or its code's output run into) ends the
+    session ``crashed`` with the error named, its turns so far kept: never an exception out of the session.
     """
     run = AgentRun(messages=list(messages))
+    try:
+        return _take_turns(run, model, kernel, max_turns, cell_timeout_s, sampling, tools, cancelled)
+    except Exception as exc:  # the session's boundary: recorded as its end, never a crashed job
+        log.exception("the agent loop crashed")
+        run.end_reason = EndReason.CRASHED
+        run.error = (
+            f"the session crashed on an unexpected {type(exc).__name__}: {str(exc)[:300]}; this is the service's "
+            "fault, not the model's: report it with this trajectory"
+        )
+        return run
+
+
+def _take_turns(
+    run: AgentRun,
+    model: EndpointClient,
+    kernel: KernelClient,
+    max_turns: int,
+    cell_timeout_s: float,
+    sampling: dict[str, Any],
+    tools: bool,
+    cancelled: Callable[[], bool] | None,
+) -> AgentRun:
+    """The turns of ``run_agent``, into ``run``."""
     for index in range(1, max_turns + 1):
         if cancelled is not None and cancelled():
             run.end_reason, run.error = EndReason.CANCELLED, "the evaluation was cancelled"

@@ -93,11 +93,20 @@ class EndReason(StrEnum):
     KEY_LOST = "key_lost"
     """The evaluation's model key is no longer held, so the endpoint was not called: graded ``infra_error``, not
     retried until the key is sent again."""
+    CRASHED = "crashed"
+    """The session's own code raised an unexpected error (a bug something in the model's answers or its code's
+    output ran into): graded ``infra_error``, not retried (it would crash again), its error kept."""
 
     @property
     def infra(self) -> bool:
         """Whether the session did not get to test the agent (graded ``infra_error``, never ``failed``)."""
-        return self in (EndReason.MODEL_ERROR, EndReason.SANDBOX_ERROR, EndReason.MODEL_REJECTED, EndReason.KEY_LOST)
+        return self in (
+            EndReason.MODEL_ERROR,
+            EndReason.SANDBOX_ERROR,
+            EndReason.MODEL_REJECTED,
+            EndReason.KEY_LOST,
+            EndReason.CRASHED,
+        )
 
     @property
     def retryable(self) -> bool:

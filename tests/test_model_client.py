@@ -193,6 +193,35 @@ def test_the_agent_loop_ends_with_model_rejected_on_a_404(script: tuple[Script, 
     assert len(server.times) == 1
 
 
+class KernelThatBreaksForTests:
+    """A test double of the kernel client whose cell raises what no caller expects (as a kernel message of a shape
+    the client never saw could make it): the loop's boundary must turn it into the session's end."""
+
+    def execute(self, code: str, timeout_s: float) -> None:
+        raise KeyError("parent_header")
+
+
+def test_an_unexpected_error_in_the_loop_ends_the_session_crashed_with_its_turns_kept(
+    script: tuple[Script, str],
+) -> None:
+    server, url = script
+    code = {"role": "assistant", "content": "```python\nprint(1)\n```"}
+    reply = {**COMPLETION, "choices": [{"index": 0, "message": code}]}
+    server.answers.append((200, reply, {}))
+    client = EndpointClient(url, "m", retries=0)
+    run = run_agent(
+        [Message(role="user", content="q")],
+        client,
+        KernelThatBreaksForTests(),  # type: ignore[arg-type]
+        max_turns=3,
+        cell_timeout_s=1,
+        sampling={},
+    )
+    assert run.end_reason is EndReason.CRASHED and "KeyError" in (run.error or "")
+    assert run.end_reason.infra and not run.end_reason.retryable  # graded infra_error, never run again by itself
+    assert [turn.code for turn in run.turns] == ["print(1)"] and run.messages[-1].role == "assistant"
+
+
 class Misbehaving:
     """An endpoint that answers badly on purpose: huge, dripping or nested answers."""
 
