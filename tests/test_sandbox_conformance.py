@@ -301,6 +301,28 @@ def test_get_tree_keeps_the_first_entries_by_name_within_the_caps_and_counts_the
         assert note is not None and f"from ./capped/{first_dropped} on" in note and "7 entries" in note
 
 
+def test_a_sparse_file_of_100_gib_in_output_costs_a_bounded_read_and_is_never_collected(
+    backend: SandboxBackend, evaluation_id: str, kind: Kind
+) -> None:
+    handle = backend.start(spec(kind, evaluation_id))
+    try:
+        script = (
+            "mkdir -p output && printf small > output/a.txt && "
+            "python3 -c \"f = open('output/huge.bin', 'wb'); f.seek(100 * 2**30); f.write(b'x')\""
+        )
+        assert backend.exec(handle, ["sh", "-c", script], timeout_s=30).exit_code == 0
+        started = time.monotonic()
+        tree = backend.get_tree(handle, "/workspace/output", max_bytes=2**20)
+        elapsed = time.monotonic() - started
+        assert "huge.bin" not in tree.files and tree.truncated
+        assert elapsed < 60, f"collecting ./output took {elapsed:.0f} s: the sparse file was read through"
+        note = tree.note("./output") or ""
+        assert "sparse" in note or "huge.bin" in note, note
+        backend.put_file(handle, "/workspace/data/after", b"1")  # the backend still answers for this sandbox
+    finally:
+        backend.stop(handle)
+
+
 def test_get_tree_of_a_missing_folder_is_empty(backend: SandboxBackend, shared: SandboxHandle) -> None:
     assert backend.get_tree(shared, "/workspace/no-such-folder").files == {}
 

@@ -237,14 +237,23 @@ class Tree:
     """The first entry, in name order, that was not kept (it and every later one were dropped); None: none."""
     max_files: int = DEFAULT_MAX_TREE_FILES
     max_bytes: int = DEFAULT_MAX_TREE_BYTES
+    stopped_after: int | None = None
+    """The bytes of the folder's archive read before reading stopped (a file larger than the limits, most often a
+    sparse one whose holes an archive spells out as zeros); None: the whole folder was read."""
 
     @property
     def truncated(self) -> bool:
-        return self.first_dropped is not None
+        return self.first_dropped is not None or self.stopped_after is not None
 
     def note(self, where: str) -> str | None:
         """A sentence for the trajectory saying what was kept of the folder ``where`` (``./output``) and what
         was dropped; None when nothing was."""
+        if self.stopped_after is not None:
+            return (
+                f"{where} was read for {_size(self.stopped_after)} and no further: it holds more than the limits of "
+                f"{self.max_files:,} entries and {_size(self.max_bytes)} (a file that large, or a sparse one); "
+                f"{len(self.files):,} entries were collected, and what was not read was neither stored nor graded"
+            )
         if self.first_dropped is None:
             return None
         kept_bytes = sum(len(data) for data in self.files.values())
@@ -284,6 +293,7 @@ class TreeCollector:
         self._occupied: set[str] = set()
         self._files = 0
         self._bytes = 0
+        self._stopped_after: int | None = None
 
     def _occupy(self, name: str) -> None:
         parts = name.split("/")
@@ -317,6 +327,10 @@ class TreeCollector:
         while len(self._names) > self.max_files or self._held_bytes > self.max_bytes:
             self._drop_from(self._names[-1])
 
+    def stop(self, read_bytes: int) -> None:
+        """Reading stopped after ``read_bytes`` of the archive: the tree keeps what it holds and says so."""
+        self._stopped_after = read_bytes
+
     def add_folder(self, name: str) -> None:
         """Offer the folder ``name`` (relative; ``""`` and ``.`` are the folder itself and ignored)."""
         name = name.strip("/")
@@ -347,6 +361,7 @@ class TreeCollector:
             first_dropped=cut,
             max_files=self.max_files,
             max_bytes=self.max_bytes,
+            stopped_after=self._stopped_after,
         )
 
 
@@ -368,19 +383,33 @@ def one_file_archive(relative: list[str], data: bytes, uid: int) -> bytes:
     return buffer.getvalue()
 
 
+class ReadBudgetError(Exception):
+    """A stream was read as far as its reader's ``limit``: the rest is not read."""
+
+
+def archive_budget(max_files: int, max_bytes: int) -> int:
+    """How many bytes of a folder's tar archive are read at most: the kept files' bytes, a header and padding per
+    entry, and room for the entries dropped on the way; past it the archive is not read on (``ReadBudgetError``)."""
+    return 2 * max_bytes + 4 * 1024 * max_files + 64 * 2**20
+
+
 class ChunkReader(io.RawIOBase):
     """A readable file over an iterable of byte chunks (the engine's archive stream, a pod's exec output), so a tar
-    archive is read as it arrives; ``total`` counts the bytes read so far."""
+    archive is read as it arrives; ``total`` counts the bytes read so far. Past ``limit`` bytes a read raises
+    ``ReadBudgetError`` instead of reading on."""
 
-    def __init__(self, chunks: Iterable[bytes]) -> None:
+    def __init__(self, chunks: Iterable[bytes], limit: int | None = None) -> None:
         self._chunks = iter(chunks)
         self._pending = memoryview(b"")
         self.total = 0
+        self.limit = limit
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
+        if self.limit is not None and self.total >= self.limit:
+            raise ReadBudgetError(f"read {self.total:,} bytes, the limit")
         while not self._pending:
             chunk = next(self._chunks, None)
             if chunk is None:
@@ -403,14 +432,20 @@ def collect_tar(reader: ChunkReader, collector: TreeCollector, relative_name: Ca
     ``relative_name(member name)``; a file's content is read only if the collector keeps it (the rest of the stream
     is read through, never held).
 
+    A stream longer than ``reader.limit`` stops there: what was collected so far stays, and the collector is told
+    (``TreeCollector.stop``), so a sparse file of a terabyte costs the read of the budget, not of the terabyte.
+
     Raises:
         tarfile.TarError: the stream is not a tar archive, or breaks off.
         OSError: reading the stream failed.
     """
-    with tarfile.open(fileobj=reader, mode="r|") as tar:
-        for member in tar:
-            relative = relative_name(member.name)
-            if member.isdir():
-                collector.add_folder(relative)
-            elif member.isreg() and relative:
-                collector.add_file(relative, member.size, functools.partial(_read_member, tar, member))
+    try:
+        with tarfile.open(fileobj=reader, mode="r|") as tar:
+            for member in tar:
+                relative = relative_name(member.name)
+                if member.isdir():
+                    collector.add_folder(relative)
+                elif member.isreg() and relative:
+                    collector.add_file(relative, member.size, functools.partial(_read_member, tar, member))
+    except ReadBudgetError:
+        collector.stop(reader.total)

@@ -45,6 +45,7 @@ from services.sandbox.base import (
     SandboxSpec,
     Tree,
     TreeCollector,
+    archive_budget,
     check_exec,
     collect_tar,
     one_file_archive,
@@ -406,13 +407,19 @@ class DockerSandboxBackend(SandboxBackend):
         collector = TreeCollector(max_files, max_bytes)
         try:
             collect_tar(
-                ChunkReader(stream),
+                ChunkReader(stream, limit=archive_budget(max_files, max_bytes)),
                 collector,
                 lambda name: name[len(root) :].lstrip("/") if name.startswith(root) else name,
             )
         except (*DOCKER_ERRORS, tarfile.TarError, OSError) as exc:
             raise SandboxUnavailableError(f"cannot read {path} from sandbox {handle.name}: {exc}") from exc
-        return collector.tree()
+        tree = collector.tree()
+        if tree.stopped_after is not None:
+            # The archive was left unread: its connection must not go back to the pool for the next request.
+            with contextlib.suppress(Exception):
+                stream.close()
+            self.client.api.close()
+        return tree
 
     def _remove_volume(self, name: str) -> None:
         with contextlib.suppress(*DOCKER_ERRORS):  # gone already, or the reaper removes it later

@@ -48,6 +48,7 @@ from services.sandbox.base import (
     SandboxSpec,
     Tree,
     TreeCollector,
+    archive_budget,
     check_exec,
     collect_tar,
     one_file_archive,
@@ -359,8 +360,11 @@ class KubernetesSandboxBackend(SandboxBackend):
         )
         collector = TreeCollector(max_files, max_bytes)
         try:
-            reader = ChunkReader(execution.chunks())
+            reader = ChunkReader(execution.chunks(), limit=archive_budget(max_files, max_bytes))
             collect_tar(reader, collector, lambda name: name.removeprefix("./").strip("/"))
+            tree = collector.tree()
+            if tree.stopped_after is not None:
+                return tree  # the rest is not read: closing the stream ends tar
             result = execution.finish()
         except tarfile.ReadError as exc:
             if reader.total == 0:  # the folder is missing: nothing was sent
