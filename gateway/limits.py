@@ -12,13 +12,16 @@ from services.state import StateStore
 _IN_FLIGHT = (TaskState.QUEUED, TaskState.RUNNING, TaskState.GRADING)
 
 MAX_EVALUATIONS_SCANNED = 500
-"""How many of a key's newest evaluations are counted for its sessions in flight."""
+"""How many of a key's newest evaluations are counted too (those written before the open set existed)."""
 
 
 def sessions_in_flight(state: StateStore, owner: str) -> int:
-    """Task sessions of ``owner``'s evaluations that are queued, running or being graded."""
+    """Task sessions of ``owner``'s evaluations that are queued, running or being graded: over every evaluation
+    of the key not finished yet (``StateStore.open_evaluations``, however old), and its newest ones. The open
+    evaluations each hold a session in flight, so the count costs no more than the limit it is checked against."""
+    newest = [evaluation_id for evaluation_id, _ in state.evaluation_ids(owner, limit=MAX_EVALUATIONS_SCANNED)]
     total = 0
-    for evaluation_id, _ in state.evaluation_ids(owner, limit=MAX_EVALUATIONS_SCANNED):
+    for evaluation_id in dict.fromkeys([*state.open_evaluations(owner), *newest]):
         counts = state.progress(evaluation_id).counts
         total += sum(counts[s] for s in _IN_FLIGHT)
     return total

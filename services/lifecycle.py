@@ -49,7 +49,7 @@ from services.queues import (
     grade_job_id,
     session_job_id,
 )
-from services.state import StateStore, evaluation_key, hold_keys
+from services.state import StateStore, evaluation_key, hold_keys, open_key
 from services.suite import Suite
 from services.verdict import Verdict, VerdictStatus
 
@@ -131,6 +131,8 @@ class TaskLifecycle:
         pipe.hset(evaluation_key(evaluation.id, "tasks"), mapping=states)
         pipe.zadd("pbe:evaluations", {evaluation.id: created})
         pipe.zadd(f"pbe:owner:{evaluation.owner}:evaluations", {evaluation.id: created})
+        if set(evaluation.tasks) - set(evaluation.unavailable_tasks):  # open until they have all finished
+            pipe.sadd(open_key(evaluation.owner), evaluation.id)
         hold_keys(pipe, evaluation.id, api_key, judge_api_key)
         pipe.execute()
 
@@ -247,7 +249,9 @@ class TaskLifecycle:
         """Run a task again as its next attempt: its verdict dropped, its state ``queued``, held at the front of
         the line (its session is enqueued as soon as the window has room). Returns the new attempt."""
         attempt = self.state.task_attempt(evaluation_id, task_index) + 1
+        owner = self.state.get(evaluation_id).owner
         pipe = self.redis.pipeline(transaction=True)
+        pipe.sadd(open_key(owner), evaluation_id)  # open again until its retried tasks finish
         pipe.hdel(evaluation_key(evaluation_id, "verdicts"), str(task_index))
         pipe.hset(evaluation_key(evaluation_id, "tasks"), str(task_index), TaskState.QUEUED.value)
         pipe.hset(evaluation_key(evaluation_id, "attempts"), str(task_index), str(attempt))
@@ -297,6 +301,7 @@ class TaskLifecycle:
         if complete:
             self.state.drop_keys(evaluation_id)
             self.window.forget(evaluation_id)
+            self.redis.srem(open_key(self.state.get(evaluation_id).owner), evaluation_id)
         return complete
 
     # --- the writes ---------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ Keys (all prefixed ``pbe:``)::
 
     pbe:evaluations                       sorted set of evaluation ids by creation time
     pbe:owner:<key id>:evaluations        the same, per owner (the API key that submitted them)
+    pbe:owner:<key id>:open               set of the owner's evaluations not finished yet (its sessions in flight
+                                          are counted over these, however old)
     pbe:evaluation:<id>                   the Evaluation as JSON
     pbe:evaluation:<id>:tasks             hash task index -> TaskState
     pbe:evaluation:<id>:attempts          hash task index -> the attempt it is at (absent: 1)
@@ -36,6 +38,11 @@ class EvaluationNotFoundError(PybenchEvalError):
 
 EVALUATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """What an evaluation id may be (the service makes 20 hex digits): never a ``:``, which would address another key."""
+
+
+def open_key(owner: str) -> str:
+    """The set of ``owner``'s evaluations not finished yet (written by ``services.lifecycle``)."""
+    return f"pbe:owner:{owner}:open"
 
 
 def evaluation_key(evaluation_id: str, *parts: str) -> str:
@@ -144,6 +151,10 @@ class StateStore:
             member, score = row[0], row[1]
             found.append((member.decode() if isinstance(member, bytes) else str(member), float(score)))
         return found
+
+    def open_evaluations(self, owner: str) -> list[str]:
+        """``owner``'s evaluations not finished yet, however many and however old."""
+        return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in self.redis.smembers(open_key(owner)))
 
     def verdicts(self, evaluation_id: str) -> list[Verdict]:
         raw = self.redis.hgetall(evaluation_key(evaluation_id, "verdicts"))

@@ -200,3 +200,23 @@ def test_the_api_keys_are_dropped_once_every_task_is_finished(redis_client: Redi
     lifecycle.record_verdict(verdict_of("lifekeys", 16, VerdictStatus.FAILED))
     assert lifecycle.state.model_key("lifekeys") is None and lifecycle.state.judge_key("lifekeys") is None
     assert not redis_client.keys("pbe:secret:*lifekeys*")
+
+
+def test_a_keys_sessions_in_flight_count_every_unfinished_evaluation_however_many_newer_ones_it_has(
+    redis_client: Redis, suite: Suite
+) -> None:
+    from gateway.limits import MAX_EVALUATIONS_SCANNED, sessions_in_flight
+
+    lifecycle = TaskLifecycle(redis_client)
+    old = evaluation_of("inflight-old", [7, 16], suite, owner="walker")
+    lifecycle.create(old, suite)
+    for n in range(MAX_EVALUATIONS_SCANNED + 5):  # newer ones, finished at once (task 13's inputs are missing)
+        lifecycle.create(evaluation_of(f"inflight-new-{n}", [13], suite, owner="walker"), suite)
+    assert sessions_in_flight(lifecycle.state, "walker") == 2  # the old one's two queued sessions still count
+    assert lifecycle.state.open_evaluations("walker") == ["inflight-old"]
+    for index in (7, 16):
+        lifecycle.record_verdict(verdict_of("inflight-old", index, VerdictStatus.FAILED))
+    assert sessions_in_flight(lifecycle.state, "walker") == 0 and lifecycle.state.open_evaluations("walker") == []
+    lifecycle.retry("inflight-old", 7)  # open again until its retried task finishes
+    assert sessions_in_flight(lifecycle.state, "walker") == 1
+    assert lifecycle.state.open_evaluations("walker") == ["inflight-old"]
