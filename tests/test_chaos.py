@@ -252,7 +252,10 @@ def test_killed_executors_redis_graders_and_sandboxes_lose_nothing_and_leave_not
         if not boxes:
             continue
         # the oldest first: a pool's ready sandboxes are its newest, so the oldest serve sessions
-        min(boxes, key=lambda c: c.attrs["Created"]).kill(signal="SIGKILL")
+        try:
+            min(boxes, key=lambda c: c.attrs["Created"]).kill(signal="SIGKILL")
+        except (docker.errors.NotFound, docker.errors.APIError):
+            continue  # its session ended and removed it between the listing and the kill: pick again
         killed += 1
         last = time.monotonic()
         time.sleep(2)
