@@ -9,6 +9,7 @@ executors of eight sessions each. A summary table of the recoveries is printed (
 ``var/chaos-summary.txt``.
 """
 
+import contextlib
 import os
 import secrets
 import signal
@@ -23,7 +24,7 @@ import httpx
 import pytest
 
 from gateway.client import GatewayClient, GatewayError, GatewayUnreachableError
-from services.sandbox.contract import EVALUATION_LABEL, ROLE_LABEL, SANDBOX_ROLE, WORKER_LABEL
+from services.sandbox.contract import EVALUATION_LABEL, GRADING_ROLE, ROLE_LABEL, SANDBOX_ROLE, WORKER_LABEL
 from services.suite import load_suite
 from tests.fixtures import compose_stack, sandbox_objects
 
@@ -67,10 +68,20 @@ def stack(suite_path: Path) -> Iterator[Stack]:
         "PBE_REPLAY_LATENCY_S": "1",
         "PBE_RECONCILE_INTERVAL_S": "3",
     }
+    grading_before = set(sandbox_objects(**{ROLE_LABEL: GRADING_ROLE}))
     with compose_stack(STACK, suite_path, ADMIN_KEY, **variables) as url:
         client = GatewayClient(url, api_key=ADMIN_KEY)
         yield Stack(client, url)
         client.close()
+    # A grader killed between creating its grading sandbox and removing it leaves it behind, as a crash would:
+    # `make reap` is the operator's safety net; here the suite removes what its own killed graders left.
+    engine = docker.from_env()
+    for kind, name in set(sandbox_objects(**{ROLE_LABEL: GRADING_ROLE})) - grading_before:
+        with contextlib.suppress(docker.errors.NotFound):
+            if kind == "container":
+                engine.containers.get(name).remove(force=True)
+            else:
+                engine.volumes.get(name).remove(force=True)
 
 
 def crash(container: Any) -> None:
