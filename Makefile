@@ -32,7 +32,7 @@ export PBE_SUITE_DIR DOCKER_GID PBE_GATEWAY_PORT BASE_IMAGE
 
 COMPOSE := docker compose -p pybench-eval
 
-.PHONY: help host-deps install compose-plugin base-image wheels images model-image k8s-tools real-model up down demo test lint bench bench-sandbox bench-grading bench-throughput bench-lifecycle bench-dashboard reap
+.PHONY: help host-deps install compose-plugin base-image wheels images model-image k8s-tools real-model up down demo test test-fast lint bench bench-sandbox bench-grading bench-throughput bench-lifecycle bench-dashboard reap
 
 help: ## List the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -103,6 +103,11 @@ test: host-deps $(VENV)/.installed-dev compose-plugin k8s-tools ## Run the tests
 	@# The images build (mostly downloads and Docker) while llama.cpp compiles.
 	$(MAKE) --no-print-directory -j2 images real-model
 	$(PY) -m pytest
+
+FAST_TESTS ?= not docker and not compose and not slow and not real_model and not chaos
+test-fast: $(VENV)/.installed-dev ## Run the tests that need no container, compose stack or real model (about 2 minutes)
+	@PYTHON=$(PYTHON) bash scripts/host-deps.sh redis-server chromium chromedriver
+	$(PY) -m pytest -m "$(FAST_TESTS)"
 
 bench: bench-sandbox bench-grading ## Run every benchmark (each prints a table, then one JSON line)
 
