@@ -44,6 +44,10 @@ DEFAULT_EXEC_OUTPUT_BYTES = 1024 * 1024
 EXEC_TIMEOUT_STATUS = 137
 """The exit status of a command killed at its time limit (``timeout --signal=KILL``: 128 + 9)."""
 
+EXEC_GRACE_S = 5.0
+"""How long past an exec's time limit a backend waits for the command's end (``timeout`` kills it inside the box at
+the limit; this only guards against a stream or process that does not end)."""
+
 DEFAULT_MAX_TREE_BYTES = 512 * 1024 * 1024
 """The most bytes of files ``get_tree`` hands back from one folder (never more is held in memory); the rest
 are dropped."""
@@ -107,7 +111,9 @@ class BoundedOutput:
         if room > 0:
             kept.extend(data[:room])
 
-    def result(self, exit_code: int, *, timed_out: bool) -> ExecResult:
+    def result(self, exit_code: int) -> ExecResult:
+        """How the command ended: killed at its time limit when its status is ``EXEC_TIMEOUT_STATUS``."""
+        timed_out = exit_code == EXEC_TIMEOUT_STATUS
         return ExecResult(exit_code, bytes(self._kept[1]), bytes(self._kept[2]), timed_out, self.truncated)
 
 

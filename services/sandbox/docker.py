@@ -37,7 +37,7 @@ from services.sandbox.base import (
     DEFAULT_EXEC_TIMEOUT_S,
     DEFAULT_MAX_TREE_BYTES,
     DEFAULT_MAX_TREE_FILES,
-    EXEC_TIMEOUT_STATUS,
+    EXEC_GRACE_S,
     BoundedOutput,
     ChunkReader,
     ExecResult,
@@ -352,7 +352,7 @@ class DockerSandboxBackend(SandboxBackend):
             raise SandboxUnavailableError(f"cannot run a command in sandbox {handle.name}: {exc}") from exc
         raw: socket.socket = getattr(connection, "_sock", connection)
         output = BoundedOutput(max_output_bytes)
-        deadline = time.monotonic() + timeout_s + _EXEC_GRACE_S
+        deadline = time.monotonic() + timeout_s + EXEC_GRACE_S
         try:
             if stdin is not None:
                 raw.sendall(stdin)
@@ -364,7 +364,7 @@ class DockerSandboxBackend(SandboxBackend):
             with contextlib.suppress(OSError):
                 raw.close()
         code = self._exec_status(created["Id"], handle)
-        return output.result(code, timed_out=code == EXEC_TIMEOUT_STATUS)
+        return output.result(code)
 
     def _exec_status(self, exec_id: str, handle: SandboxHandle) -> int:
         """The exit status of a finished exec (the engine records it a moment after the stream ends).
@@ -456,11 +456,6 @@ class DockerSandboxBackend(SandboxBackend):
                 self._remove_volume(volume.name)
                 removed.append(volume.name)
         return removed
-
-
-_EXEC_GRACE_S = 5.0
-"""How long past an exec's time limit its stream is read before the executor gives up on it (``timeout`` kills the
-command inside the box at the limit; this only guards against an engine that never closes the stream)."""
 
 
 def _read_exec_frames(raw: socket.socket, output: BoundedOutput, deadline: float) -> None:

@@ -40,7 +40,7 @@ from services.sandbox.base import (
     DEFAULT_EXEC_TIMEOUT_S,
     DEFAULT_MAX_TREE_BYTES,
     DEFAULT_MAX_TREE_FILES,
-    EXEC_TIMEOUT_STATUS,
+    EXEC_GRACE_S,
     BoundedOutput,
     ChunkReader,
     ExecResult,
@@ -309,13 +309,13 @@ class KubernetesSandboxBackend(SandboxBackend):
                 ["sh", "-c", script, WORKSPACE, str(len(data)), *command],
                 CONTAINER_NAME,
                 data,
-                deadline=time.monotonic() + timeout_s + _EXEC_GRACE_S,
+                deadline=time.monotonic() + timeout_s + EXEC_GRACE_S,
                 on_stdout=lambda chunk: output.add(1, chunk),
             )
         except TimeoutError as exc:
             raise SandboxUnavailableError(f"a command in sandbox pod {handle.name} outlived its time limit") from exc
         output.add(2, result.stderr)
-        return output.result(result.exit_code, timed_out=result.exit_code == EXEC_TIMEOUT_STATUS)
+        return output.result(result.exit_code)
 
     def put_file(self, handle: SandboxHandle, dest: str, data: bytes) -> None:
         """Write ``dest`` (under ``/workspace``; missing folders are made) through ``tar -x`` over exec.
@@ -415,7 +415,3 @@ class KubernetesSandboxBackend(SandboxBackend):
                 k8s_client.delete_pod(self.core, name, self.namespace)
                 removed.append(name)
         return removed
-
-
-_EXEC_GRACE_S = 5.0
-"""How long past an exec's time limit its stream is read before the executor gives up on it."""

@@ -70,6 +70,7 @@ from services.sandbox.base import (
     DEFAULT_EXEC_TIMEOUT_S,
     DEFAULT_MAX_TREE_BYTES,
     DEFAULT_MAX_TREE_FILES,
+    EXEC_GRACE_S,
     EXEC_TIMEOUT_STATUS,
     BoundedOutput,
     ExecResult,
@@ -309,15 +310,15 @@ class LocalSandboxBackend(SandboxBackend):
                 process.stdin.write(stdin)
             process.stdin.close()
         try:
-            code = process.wait(timeout=timeout_s + _EXEC_GRACE_S)
+            code = process.wait(timeout=timeout_s + EXEC_GRACE_S)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             code = process.wait()
         for reader in readers:
-            reader.join(timeout=_EXEC_GRACE_S)
+            reader.join(timeout=EXEC_GRACE_S)
         code = EXEC_TIMEOUT_STATUS if code == -signal.SIGKILL else code
-        return output.result(code, timed_out=code == EXEC_TIMEOUT_STATUS)
+        return output.result(code)
 
     def put_file(self, handle: SandboxHandle, dest: str, data: bytes) -> None:
         """Write ``data`` to the sandbox path ``dest`` (``/workspace/...``), making its folders.
@@ -687,10 +688,6 @@ def _running(process: psutil.Process) -> bool:
         return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
     except psutil.Error:
         return False
-
-
-_EXEC_GRACE_S = 5.0
-"""How long past its time limit an exec'd command's process group is given before it is killed outright."""
 
 
 def _drain(pipe: Any, stream: int, output: BoundedOutput) -> None:
