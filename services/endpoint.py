@@ -447,7 +447,7 @@ class EndpointClient:
         }
         if tools:
             body["tools"] = tools
-        return self._send("POST", "/chat/completions", body, final_when, self.max_reply_bytes)
+        return self._send("POST", "/chat/completions", body, final_when, self.max_reply_bytes, self.cap_setting)
 
     def models(self) -> list[str]:
         """The ids of the models the endpoint lists (``listing``, then ``Reply.models``).
@@ -461,15 +461,18 @@ class EndpointClient:
 
     def listing(self) -> Reply:
         """GET ``/models`` under the retry policy and return what came back. Raises nothing."""
-        return self._send("GET", "/models", None, None, self.max_listing_bytes)
+        return self._send("GET", "/models", None, None, self.max_listing_bytes, "")
 
-    def _read(self, method: str, path: str, body: dict[str, Any] | None, cap: int) -> tuple[int, str, str | None]:
+    def _read(
+        self, method: str, path: str, body: dict[str, Any] | None, cap: int, setting: str
+    ) -> tuple[int, str, str | None]:
         """One request: its status, its body (decoded, redacted) and its ``Retry-After``.
 
         Raises:
             httpx.TransportError: no answer, or ``DeadlineExceededError`` past ``deadline_s``.
             EgressRefusedError: the egress guard refused the address.
-            ReplyTooLargeError: the body grew past ``cap`` bytes (its status is the error's ``status``).
+            ReplyTooLargeError: the body grew past ``cap`` bytes (its status is the error's ``status``; ``setting``
+                raises the cap).
         """
         deadline = time.monotonic() + self.deadline_s
         with self._http.stream(method, path, json=body) as response:
@@ -478,7 +481,7 @@ class EndpointClient:
             for chunk in response.iter_bytes():
                 size += len(chunk)
                 if size > cap:
-                    raise ReplyTooLargeError(cap, response.status_code)
+                    raise ReplyTooLargeError(cap, response.status_code, setting)
                 chunks.append(chunk)
                 if time.monotonic() > deadline:
                     raise DeadlineExceededError(f"the answer took longer than {self.deadline_s:g} s in all")
@@ -494,16 +497,16 @@ class EndpointClient:
         body: dict[str, Any] | None,
         final_when: Callable[[Reply], bool] | None,
         cap: int,
+        setting: str,
     ) -> Reply:
         url = self.base_url + path
         started = time.monotonic()
         for attempt in range(self.retries + 1):
             try:
-                status, text, retry_after = self._read(method, path, body, cap)
+                status, text, retry_after = self._read(method, path, body, cap, setting)
             except EgressRefusedError as exc:
                 return _timed(Reply(self.role, url, None, requests=attempt + 1, failure=exc), started)
             except ReplyTooLargeError as exc:
-                exc.setting = self.cap_setting
                 return _timed(Reply(self.role, url, exc.status, requests=attempt + 1, failure=exc), started)
             except httpx.TransportError as exc:
                 reply = Reply(self.role, url, None, requests=attempt + 1, failure=exc)
