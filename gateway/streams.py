@@ -128,11 +128,6 @@ class OpenStreams:
         self._open: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def count(self, key_id: str | None = None) -> int:
-        """Streams open for ``key_id``, or in all."""
-        with self._lock:
-            return self._open[key_id] if key_id is not None else sum(self._open.values())
-
     def open(self, key_id: str, events: AsyncIterator[str]) -> AsyncIterator[str]:
         """Count one more stream of ``key_id`` and return ``events`` wrapped to count it out when it ends.
 
