@@ -17,6 +17,7 @@ says ``check crashed: <ExcType>: <message>``; an unknown kind is undecided (``pa
 """
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -257,8 +258,10 @@ MODEL_LOADER = Path(__file__).with_name("model_loader.py")
 """The script that unpickles in a child interpreter (shipped beside this file into the grading sandbox)."""
 
 
+@functools.cache
 def checker_sources() -> dict[str, bytes]:
-    """The checker a grading sandbox runs, by file name: this file and ``model_loader.py``."""
+    """The checker a grading sandbox runs, by file name: this file and ``model_loader.py`` (read once: every
+    grading sends them)."""
     return {path.name: path.read_bytes() for path in (Path(__file__), MODEL_LOADER)}
 
 
