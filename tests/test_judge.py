@@ -468,3 +468,26 @@ def test_prompt_templates_take_their_fields() -> None:
     assert "{query}" in ABSOLUTE_USER_TEMPLATE and "{trajectory}" in ABSOLUTE_USER_TEMPLATE
     assert all(f"{{{name}}}" in PAIRWISE_USER_TEMPLATE for name in ("query", "reference", "candidate"))
     assert len({prompt_hash(mode) for mode in JudgeMode}) == 2
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<think>" * 150_000 + '{"a": 1}',  # every block unclosed: a regular expression read to the end from each
+        '{"a": ' * 100_000 + "1",  # nested past the decoder's depth, never closed
+        "{" * 500_000,  # an object tried at every brace
+        "```json\n" * 100_000,
+    ],
+    ids=["unclosed-think", "deep-nesting", "braces", "unclosed-fences"],
+)
+def test_hostile_answers_are_read_in_bounded_time(text: str) -> None:
+    """An answer made to be slow to read, or to crash the reader, is read once: ``extract_json_object`` returns
+    (an object or None) and raises nothing."""
+    found = extract_json_object(text)
+    assert found is None or found == {"a": 1}
+
+
+def test_an_object_after_an_unclosed_think_block_is_still_found() -> None:
+    assert extract_json_object('<think>a</think> <think> unclosed {"a": 1}') == {"a": 1}
+    assert extract_json_object('<THINK>{"a": 0}</THINK> {"a": 1}') == {"a": 1}

@@ -5,9 +5,10 @@ in the prose (after dropping ``<think>`` blocks), and the first object that vali
 schema gives the verdict. An answer without one makes the judgment ``unparseable``, with what was wrong.
 """
 
+import itertools
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -21,29 +22,60 @@ _PREFERENCES = {"agent1": Preference.REFERENCE, "agent2": Preference.CANDIDATE, 
 """Pairwise: the answer's ``better`` (Agent 1 is the reference, Agent 2 the candidate) as a preference."""
 
 
+MAX_FENCES = 16
+"""Fenced blocks of an answer tried as JSON; the rest are ignored."""
+
+MAX_OBJECT_STARTS = 64
+"""Places in the prose (each a ``{``) where an object is tried; the rest are ignored. Each try reads at most the
+answer's length, so reading an answer costs at most this many times its length: linear, whatever the judge sends
+(the endpoint client caps the answer's bytes)."""
+
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
+
+
 def _strip_thinking(text: str) -> str:
-    return re.sub(r"<think>.*?</think>", "", text, flags=re.DOTALL | re.IGNORECASE)
+    """``text`` without its closed ``<think>...</think>`` blocks (any case); an unclosed one stays, with all after
+    it. One pass: each block's end is looked for once, and the first block without one ends the search (a regular
+    expression read to the end from every unclosed block, which took minutes on 150,000 of them)."""
+    lowered = text.lower()
+    kept: list[str] = []
+    position = 0
+    while (start := lowered.find(_THINK_OPEN, position)) >= 0:
+        end = lowered.find(_THINK_CLOSE, start + len(_THINK_OPEN))
+        if end < 0:
+            break
+        kept.append(text[position:start])
+        position = end + len(_THINK_CLOSE)
+    kept.append(text[position:])
+    return "".join(kept)
+
+
+def _as_object(decode: Callable[[], Any]) -> dict[str, Any] | None:
+    """What ``decode`` returns if it is a JSON object; None when it is not one or is not JSON at all (nesting too
+    deep for the decoder included)."""
+    try:
+        value = decode()
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _json_objects(text: str) -> Iterator[dict[str, Any]]:
-    """Yield the JSON objects in ``text``: the whole text, then fenced blocks, then any object in the prose."""
+    """Yield the JSON objects in ``text``: the whole text, then fenced blocks (at most ``MAX_FENCES``), then
+    objects in the prose (tried at the first ``MAX_OBJECT_STARTS`` braces)."""
     text = _strip_thinking(text).strip()
     decoder = json.JSONDecoder()
-    pieces = [text, *(match.group(1).strip() for match in _FENCE.finditer(text))]
-    for piece in pieces:
-        try:
-            value = json.loads(piece)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
+    fences = (match.group(1).strip() for match in _FENCE.finditer(text))
+    for piece in itertools.chain([text], itertools.islice(fences, MAX_FENCES)):
+        if (value := _as_object(lambda piece=piece: json.loads(piece))) is not None:
             yield value
-    for match in re.finditer(r"\{", text):
-        try:
-            value, _ = decoder.raw_decode(text, match.start())
-        except ValueError:
-            continue
-        if isinstance(value, dict):
+    start = text.find("{")
+    for _ in range(MAX_OBJECT_STARTS):
+        if start < 0:
+            return
+        if (value := _as_object(lambda start=start: decoder.raw_decode(text, start)[0])) is not None:
             yield value
+        start = text.find("{", start + 1)
 
 
 def extract_json_object(text: str) -> dict[str, Any] | None:
