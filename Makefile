@@ -32,7 +32,7 @@ export PBE_SUITE_DIR DOCKER_GID PBE_GATEWAY_PORT BASE_IMAGE
 
 COMPOSE := docker compose -p pybench-eval
 
-.PHONY: help host-deps install compose-plugin base-image wheels images model-image k8s-tools real-model up down demo test test-fast lint bench bench-sandbox bench-grading bench-throughput bench-lifecycle bench-dashboard reap
+.PHONY: help host-deps install compose-plugin base-image wheels images model-image k8s-tools real-model env up down demo test test-fast lint bench bench-sandbox bench-grading bench-throughput bench-lifecycle bench-dashboard reap
 
 help: ## List the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -82,15 +82,14 @@ k8s-tools: ## Install checkov and kubernetes-validate (a venv each under var/too
 real-model: $(VENV)/.installed-dev ## Install llama.cpp's server (compiles once, ~3.5 min) and SmolLM2-135M-Instruct
 	@PYTHON=$(PY) bash scripts/install-real-model.sh
 
-.env: ## Make .env with a new operator admin API key (PBE_ADMIN_KEY) for the stack
-	@umask 077; echo "PBE_ADMIN_KEY=pbe-admin-$$($(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(24))')" > .env
-	@echo "wrote .env with a new PBE_ADMIN_KEY (send it as Authorization: Bearer <key>)"
+env: ## Make .env hold the stack's secrets (admin API key, Redis password), each only where it is missing
+	@PYTHON=$(PYTHON) bash scripts/env-file.sh .env
 
-up: images $(if $(filter smollm2,$(MODEL)),model-image) compose-plugin .env ## Start the stack (gateway on 127.0.0.1:$PBE_GATEWAY_PORT) and wait until healthy
+up: images $(if $(filter smollm2,$(MODEL)),model-image) compose-plugin env ## Start the stack (gateway on 127.0.0.1:$PBE_GATEWAY_PORT) and wait until healthy
 	$(COMPOSE) up -d --no-build --wait --wait-timeout 180
 	@echo "pybench-eval is up: http://127.0.0.1:$(PBE_GATEWAY_PORT) (API docs at /docs; the admin key is in .env)"
 
-down: ## Stop the stack and remove its sandboxes (volumes are kept)
+down: env ## Stop the stack and remove its sandboxes (volumes are kept)
 	-$(COMPOSE) --profile smollm2 --profile vllm down --remove-orphans
 	@$(MAKE) --no-print-directory reap
 

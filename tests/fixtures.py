@@ -3,6 +3,7 @@ sandbox objects on the Docker engine, and the compose stack under a project name
 
 import contextlib
 import os
+import secrets
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,6 +71,7 @@ def compose_stack(project: str, suite_path: Path, admin_key: str, **variables: s
         "PBE_SUITE_DIR": str(suite_path.resolve()),
         "DOCKER_GID": str(os.stat("/var/run/docker.sock").st_gid),
         "PBE_ADMIN_KEY": admin_key,
+        "PBE_REDIS_PASSWORD": secrets.token_urlsafe(24),
         **variables,
     }
 

@@ -170,6 +170,53 @@ def test_tasks_submitted_over_rest_run_each_in_its_own_sandbox_and_are_graded(
             engine.containers.get(sandbox_id)
 
 
+def _run_in(service: str, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``argv`` run in the stack's first ``service`` container (``env``: variables set for it)."""
+    options = [arg for name, value in (env or {}).items() for arg in ("-e", f"{name}={value}")]
+    return subprocess.run(
+        ["docker", "compose", "-p", STACK, "exec", "-T", *options, service, *argv],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+REACH = """
+import socket, sys
+host = sys.argv[1]
+try:
+    address = socket.gethostbyname(host)
+except OSError as exc:
+    print(f"unresolved {exc}")
+    address = host
+try:
+    socket.create_connection((address, 6379), timeout=3).close()
+    print("connected")
+except OSError as exc:
+    print(f"refused {exc}")
+"""
+
+
+def test_redis_answers_only_with_its_password_and_model_servers_cannot_reach_it(stack: str) -> None:
+    """Redis is the root of trust: without the password it answers NOAUTH and nothing else, the password is on
+    no command line, and a model server (which runs what nobody vetted) has no route to it, by name or address."""
+    assert _run_in("redis", "redis-cli", "ping", env={"REDISCLI_AUTH": ""}).stdout.strip().startswith("NOAUTH")
+    refused = _run_in("redis", "redis-cli", "set", "pwned", "1", env={"REDISCLI_AUTH": ""})
+    assert refused.stdout.strip().startswith("NOAUTH"), refused
+    assert _run_in("redis", "redis-cli", "ping").stdout.strip() == "PONG"  # with the container's own password
+    password = _run_in("redis", "sh", "-c", "echo $PBE_REDIS_PASSWORD").stdout.strip()
+    assert len(password) >= 16
+    for service, program in (("redis", "redis-server"), ("executor", "rq"), ("grader", "rq"), ("gateway", "uvicorn")):
+        commands = _run_in(service, "sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+        assert program in commands.stdout, commands
+        assert password not in commands.stdout, f"the Redis password is on a command line in {service}"
+    address = _run_in("executor", "python3", "-c", "import socket; print(socket.gethostbyname('redis'))").stdout.strip()
+    assert address.count(".") == 3
+    by_name = _run_in("replay", "python3", "-c", REACH, "redis").stdout
+    assert "unresolved" in by_name and "connected" not in by_name, by_name
+    by_address = _run_in("replay", "python3", "-c", REACH, address).stdout
+    assert by_address.startswith("refused"), by_address
+    assert "PBE_REDIS" not in _run_in("replay", "env").stdout
+
+
 def test_bad_requests_get_problem_documents(gateway: GatewayClient) -> None:
     with pytest.raises(GatewayError) as unknown:
         gateway.submit({"model": {"base_url": "http://replay:8000/v1", "model": "m"}, "tasks": [99999]})

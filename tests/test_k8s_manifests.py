@@ -10,6 +10,7 @@ with what to run.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -27,13 +28,21 @@ K8S = ROOT / "k8s"
 TOOLS = ROOT / "var" / "tools"
 OVERLAYS = ("local", "gpu", "gvisor")
 SERVICE_NS = "pybench-eval"
+
 SANDBOX_NS = "pybench-eval-sandboxes"
 KUBERNETES_VERSION = "1.32.0"
 ARTIFACT_ROOT = "/var/lib/pybench-eval/artifacts"
 
+
+def _secret_ref(key: str) -> dict[str, str]:
+    """A reference to ``key`` of the stack's one Secret (made by k8s/secrets.sh)."""
+    return {"name": "pybench-eval-secrets", "key": key}
+
+
 CUSTOM_RESOURCES_NOT_VALIDATED = {
     ("keda.sh/v1alpha1", "ScaledObject"): "KEDA's CRD is not among the core Kubernetes schemas that "
     "kubernetes-validate ships; test_keda_scales_executors_on_the_sessions_queue checks its fields instead",
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): "KEDA's CRD, as above; the same test checks it",
 }
 """Objects left out of the schema validation, each with the reason."""
 
@@ -143,7 +152,8 @@ def _settings(objects: list[Obj]) -> dict[str, str]:
 
 
 def _env_of(objects: list[Obj], workload: Obj) -> dict[str, str]:
-    """The environment a workload's first container gets from the settings ConfigMap and its literal env."""
+    """The environment a workload's first container gets from the settings ConfigMap and its env, as the kubelet
+    makes it: a Secret's value stands in as ``secret-<key>``, and ``$(NAME)`` takes an earlier entry's value."""
     container = _containers(_pod_spec(workload) or {})[0]
     env: dict[str, str] = {}
     settings = _settings(objects)
@@ -152,7 +162,9 @@ def _env_of(objects: list[Obj], workload: Obj) -> dict[str, str]:
         env.update(settings)
     for item in container.get("env", []):
         if "value" in item:
-            env[item["name"]] = item["value"]
+            env[item["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), item["value"])
+        else:
+            env[item["name"]] = "secret-" + item["valueFrom"]["secretKeyRef"]["key"].lower()
     return env
 
 
@@ -507,10 +519,11 @@ def test_settings_are_accepted_by_each_service(rendered: dict[str, list[Obj]], m
             for key, value in env.items():
                 monkeypatch.setenv(key, value)
             settings = cls()
-            assert settings.REDIS_URL == "redis://redis:6379/0" and str(settings.ARTIFACT_ROOT) == ARTIFACT_ROOT
+            assert settings.REDIS_URL == "redis://:secret-pbe_redis_password@redis:6379/0"
+            assert str(settings.ARTIFACT_ROOT) == ARTIFACT_ROOT
             command = _containers(_pod_spec(deployment) or {})[0]["command"]
-            if "--url" in command:
-                assert command[command.index("--url") + 1] == settings.REDIS_URL, f"{overlay}: {name}"
+            if command[0] == "rq":
+                assert env["RQ_REDIS_URL"] == settings.REDIS_URL, f"{overlay}: {name}"
                 assert command[-1] == (SESSIONS_QUEUE if name == "executor" else GRADING_QUEUE)
             mounts = {m["mountPath"]: m for m in _containers(_pod_spec(deployment) or {})[0]["volumeMounts"]}
             assert ARTIFACT_ROOT in mounts and mounts[str(settings.SUITE_PATH)]["readOnly"] is True
@@ -518,17 +531,30 @@ def test_settings_are_accepted_by_each_service(rendered: dict[str, list[Obj]], m
         assert env["PBE_SANDBOX_BACKEND"] == "kubernetes" and env["PBE_GRADING_BACKEND"] == "kubernetes"
         assert env["PBE_K8S_NAMESPACE"] == SANDBOX_NS
         assert "PBE_ADMIN_KEY" not in env, "the admin key comes from the Secret, never the ConfigMap"
+        assert "PBE_REDIS_URL" not in env, "Redis's URL carries its password: it comes from the Secret"
+        password = {"name": "PBE_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": _secret_ref("PBE_REDIS_PASSWORD")}}
+        url = "redis://:$(PBE_REDIS_PASSWORD)@redis:6379/0"
         gateway_env = _containers(_pod_spec(_find(objects, "Deployment", "gateway")) or {})[0]["env"]
         assert gateway_env == [
             {"name": "FORWARDED_ALLOW_IPS", "value": "*"},  # uvicorn's, for the Ingress's X-Forwarded-Proto
-            {
-                "name": "PBE_ADMIN_KEY",
-                "valueFrom": {"secretKeyRef": {"name": "pybench-eval-admin", "key": "PBE_ADMIN_KEY"}},
-            },
+            {"name": "PBE_ADMIN_KEY", "valueFrom": {"secretKeyRef": _secret_ref("PBE_ADMIN_KEY")}},
+            password,
+            {"name": "PBE_REDIS_URL", "value": url},
         ]
         for name in ("executor", "grader"):
             container = _containers(_pod_spec(_find(objects, "Deployment", name)) or {})[0]
-            assert "env" not in container, f"{name} gets no secret"
+            assert container["env"] == [
+                password,
+                {"name": "PBE_REDIS_URL", "value": url},
+                {"name": "RQ_REDIS_URL", "value": url},
+            ], f"{name} gets Redis's password and no other secret"
+            assert "--url" not in container["command"], "a URL on the command line would show the password"
+        redis = _containers(_pod_spec(_find(objects, "StatefulSet", "redis")) or {})[0]
+        assert redis["command"] == ["/usr/local/bin/start-redis.sh"]
+        assert {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in redis["env"]} == {
+            "PBE_REDIS_PASSWORD": "PBE_REDIS_PASSWORD",
+            "REDISCLI_AUTH": "PBE_REDIS_PASSWORD",
+        }
 
 
 def test_artifact_volume_is_shared_and_read_write_many_on_clusters(rendered: dict[str, list[Obj]]) -> None:
@@ -600,6 +626,10 @@ def test_keda_scales_executors_on_the_sessions_queue(rendered: dict[str, list[Ob
         )
         assert trigger["metadata"]["listLength"] == _settings(objects)["PBE_SESSIONS_PER_WORKER"]
         assert 1 <= scaled["spec"]["minReplicaCount"] <= scaled["spec"]["maxReplicaCount"]
+        authentication = _find(objects, "TriggerAuthentication", trigger["authenticationRef"]["name"])
+        assert authentication["spec"]["secretTargetRef"] == [
+            {"parameter": "password", **_secret_ref("PBE_REDIS_PASSWORD")}
+        ], "Redis asks KEDA for its password too"
 
 
 def test_ingress_component_routes_to_the_gateway_service(with_ingress: list[Obj]) -> None:
@@ -609,21 +639,21 @@ def test_ingress_component_routes_to_the_gateway_service(with_ingress: list[Obj]
     assert backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
 
 
-def test_admin_secret_script_makes_a_fresh_key_and_no_file_holds_one(tmp_path: Path) -> None:
+def test_secrets_script_makes_each_secret_once_and_no_file_holds_one(tmp_path: Path) -> None:
     _kubectl()
-    out = tmp_path / "admin.env"
     manifests = []
-    for _ in range(2):
+    for out in (tmp_path / "one.env", tmp_path / "one.env", tmp_path / "two.env"):
         done = subprocess.run(
-            [str(K8S / "admin-secret.sh"), str(out), "--print"], capture_output=True, text=True, timeout=60, cwd=ROOT
+            [str(K8S / "secrets.sh"), str(out), "--print"], capture_output=True, text=True, timeout=60, cwd=ROOT
         )
         assert done.returncode == 0, done.stderr
         manifests.append(yaml.safe_load(done.stdout))
         assert oct(out.stat().st_mode & 0o777) == "0o600"
     meta = manifests[0]["metadata"]
-    assert (meta["name"], meta["namespace"]) == ("pybench-eval-admin", SERVICE_NS)
-    assert set(manifests[0]["data"]) == {"PBE_ADMIN_KEY"}
-    assert manifests[0]["data"] != manifests[1]["data"], "each run must make a new key"
+    assert (meta["name"], meta["namespace"]) == ("pybench-eval-secrets", SERVICE_NS)
+    assert set(manifests[0]["data"]) == {"PBE_ADMIN_KEY", "PBE_REDIS_PASSWORD"}
+    assert manifests[0]["data"] == manifests[1]["data"], "a second run keeps the secrets that work"
+    assert manifests[0]["data"] != manifests[2]["data"], "a new file gets new secrets"
 
 
 # --- the security scan -----------------------------------------------------------------------------------------
