@@ -47,7 +47,7 @@ def execute_session(
         ConfigurationError: the suite path is wrong.
         StoreError: the artifact store cannot be written.
     """
-    lifecycle = TaskLifecycle(redis)
+    lifecycle = TaskLifecycle(redis, settings.secret_box())
     state = lifecycle.state
     evaluation = state.get(job.evaluation_id)
     suite = load_suite(settings.require_suite())

@@ -29,12 +29,16 @@ def get_streams(request: Request) -> OpenStreams:
     return streams
 
 
-def get_state(redis: Annotated[Redis, Depends(get_redis)]) -> StateStore:
-    return StateStore(redis)
+def get_state(
+    redis: Annotated[Redis, Depends(get_redis)], settings: Annotated[GatewaySettings, Depends(get_settings)]
+) -> StateStore:
+    return StateStore(redis, settings.secret_box())
 
 
-def get_lifecycle(redis: Annotated[Redis, Depends(get_redis)]) -> TaskLifecycle:
-    return TaskLifecycle(redis)
+def get_lifecycle(
+    redis: Annotated[Redis, Depends(get_redis)], settings: Annotated[GatewaySettings, Depends(get_settings)]
+) -> TaskLifecycle:
+    return TaskLifecycle(redis, settings.secret_box())
 
 
 def get_store(settings: Annotated[GatewaySettings, Depends(get_settings)]) -> ArtifactStore:

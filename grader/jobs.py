@@ -31,6 +31,7 @@ from services.metrics import build_results
 from services.netguard import EgressPolicy
 from services.queues import GradeJob
 from services.sandbox.grading_backends import file_check_backend
+from services.secretbox import SecretBox
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
@@ -93,8 +94,10 @@ def grade_and_record(
     run_files: RunnerFactory | None = None,
     judge_options: dict[str, float] | None = None,
     egress: EgressPolicy | None = None,
+    secrets: SecretBox | None = None,
 ) -> dict[str, Any]:
     """Grade the session of ``job``; write the verdict to the store and Redis, and the results when complete.
+    ``secrets`` opens the judge's API key (none given: a keyed judge's key counts as lost).
 
     A session the environment broke in a way that may mend by itself is not recorded but run again as its
     next attempt (``services.lifecycle``'s retry policy); the last attempt's ``infra_error`` is recorded (and
@@ -115,7 +118,7 @@ def grade_and_record(
         redis.exceptions.LockError: the borrowing lock was not free within ``DEFAULT_BORROWING_LOCK_TIMEOUT_S``
             (RQ records the job as failed; the reconciler queues the grading again).
     """
-    lifecycle = TaskLifecycle(redis)
+    lifecycle = TaskLifecycle(redis, secrets)
     state = lifecycle.state
     task = suite.task(job.task_index)
     trajectory = store.get_trajectory(job.evaluation_id, job.task_index, job.attempt)
@@ -231,6 +234,9 @@ def grade_session(payload: dict[str, Any]) -> dict[str, Any]:
         runner = sandbox_runners(suite, store, image=settings.SANDBOX_IMAGE, timeout_s=settings.GRADING_TIMEOUT_S)
         egress = EgressPolicy.parse(settings.EGRESS_ALLOWLIST)
         with log_context(evaluation=job.evaluation_id, task=job.task_index, attempt=job.attempt):
-            return grade_and_record(job, redis=redis, suite=suite, store=store, run_files=runner, egress=egress)
+            return grade_and_record(
+                job, redis=redis, suite=suite, store=store, run_files=runner, egress=egress,
+                secrets=settings.secret_box(),
+            )  # fmt: skip
     finally:
         redis.close()

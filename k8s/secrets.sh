@@ -3,6 +3,7 @@
 # pybench-eval; nothing in k8s/ holds a secret. The keys:
 #   PBE_ADMIN_KEY       the gateway's admin API key (send it as Authorization: Bearer <key>)
 #   PBE_REDIS_PASSWORD  Redis's password (Redis refuses to start without one; the services' URLs carry it)
+#   PBE_SECRETS_KEY     the key that seals the model and judge API keys held in Redis
 # They are kept, readable by you only, in the file given as $1 (default var/k8s-secrets.env): a value already
 # there is kept, so running this again changes nothing that works.
 #

@@ -49,6 +49,7 @@ from services.queues import (
     grade_job_id,
     session_job_id,
 )
+from services.secretbox import SecretBox
 from services.state import StateStore, evaluation_key, hold_keys, open_key
 from services.suite import Suite
 from services.verdict import Verdict, VerdictStatus
@@ -108,9 +109,10 @@ def should_retry(verdict: Verdict) -> bool:
 class TaskLifecycle:
     """The transitions of the tasks of evaluations held in ``redis``."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, secrets: SecretBox | None = None) -> None:
+        """``secrets`` seals the API keys an evaluation is created with (``services.secretbox``)."""
         self.redis = redis
-        self.state = StateStore(redis)
+        self.state = StateStore(redis, secrets)
         self.window = AdmissionWindow(redis)
 
     # --- evaluations ------------------------------------------------------------------------------------------
@@ -119,7 +121,11 @@ class TaskLifecycle:
         self, evaluation: Evaluation, suite: Suite, *, api_key: str | None = None, judge_api_key: str | None = None
     ) -> None:
         """Record a new evaluation in one transaction: its runnable tasks ``queued``, its unavailable ones with
-        their ``unavailable`` verdicts, its keys in the secret store. Nothing is enqueued (``queue_sessions``)."""
+        their ``unavailable`` verdicts, its keys in the secret store. Nothing is enqueued (``queue_sessions``).
+
+        Raises:
+            SecretsKeyMissingError: a key is given and the lifecycle has no secrets key (nothing is recorded).
+        """
         states: dict[Any, Any] = {str(t): TaskState.QUEUED.value for t in evaluation.tasks}
         states.update({str(t): TaskState.UNAVAILABLE.value for t in evaluation.unavailable_tasks})
         unavailable = [unavailable_verdict(evaluation.id, suite, t) for t in evaluation.unavailable_tasks]
@@ -133,7 +139,7 @@ class TaskLifecycle:
         pipe.zadd(f"pbe:owner:{evaluation.owner}:evaluations", {evaluation.id: created})
         if set(evaluation.tasks) - set(evaluation.unavailable_tasks):  # open until they have all finished
             pipe.sadd(open_key(evaluation.owner), evaluation.id)
-        hold_keys(pipe, evaluation.id, api_key, judge_api_key)
+        hold_keys(pipe, self.state.secrets, evaluation.id, api_key, judge_api_key)
         pipe.execute()
 
     def queue_sessions(self, evaluation: Evaluation) -> list[int]:

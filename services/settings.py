@@ -4,15 +4,17 @@ Settings are read from ``PBE_``-prefixed environment variables when a settings o
 or in a test), never at import time.
 """
 
+import functools
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis import Redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from services.errors import ConfigurationError
+from services.secretbox import SecretBox
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 """Where Redis listens when nothing else is said (a local development server)."""
@@ -50,6 +52,9 @@ class ServiceSettings(BaseSettings):
     """Hosts (``name``, ``*.suffix``) and CIDRs that submitted model and judge endpoints may reach although
     they are internal (e.g. ``replay`` in compose, an in-cluster vLLM service); everything else internal is
     refused."""
+    SECRETS_KEY: SecretStr = SecretStr("")
+    """The key that seals the API keys held in Redis (32 random bytes in URL-safe base64; ``make env`` writes one
+    into .env). The gateway, executors and graders need the same one; without it, keyed submissions get 503."""
 
     @field_validator("REDIS_URL")
     @classmethod
@@ -71,6 +76,15 @@ class ServiceSettings(BaseSettings):
         ``redis.exceptions.ConnectionError`` only when Redis stays away longer."""
         return Redis.from_url(self.REDIS_URL, retry=redis_retry())
 
+    def secret_box(self) -> SecretBox | None:
+        """The box that seals API keys under ``SECRETS_KEY``; None when it is not set.
+
+        Raises:
+            ConfigurationError: ``SECRETS_KEY`` is set but not a key (say how to make one).
+        """
+        value = self.SECRETS_KEY.get_secret_value()
+        return _box(value) if value else None
+
     def require_suite(self) -> Path:
         """Return the suite path.
 
@@ -84,3 +98,9 @@ class ServiceSettings(BaseSettings):
                 "(data/meta/task.json, data/, prompts/)"
             )
         return path
+
+
+@functools.cache
+def _box(value: str) -> SecretBox:
+    """One box per secrets key (a settings object is made per request in places)."""
+    return SecretBox.from_setting(value)

@@ -15,10 +15,12 @@ Keys (all prefixed ``pbe:``)::
     pbe:evaluation:<id>:verdicts          hash task index -> Verdict JSON (the latest attempt's)
     pbe:evaluation:<id>:cancelled         set when the evaluation was cancelled
     pbe:secret:model-key:<id>             the model API key, kept apart from everything that is logged or
-                                          enqueued (job payloads carry only the evaluation id)
+                                          enqueued (job payloads carry only the evaluation id), sealed
+                                          (``services.secretbox``: never in Redis's files in plain text)
     pbe:secret:judge-key:<id>             the judge's API key, likewise
 """
 
+import logging
 import re
 from typing import Any
 
@@ -26,6 +28,7 @@ from redis import Redis
 
 from services.errors import PybenchEvalError
 from services.evaluation import Evaluation, EvaluationStatus, Progress, TaskState
+from services.secretbox import SecretBox, SecretsKeyMissingError
 from services.verdict import Verdict
 
 DEFAULT_SECRET_TTL_S = 14 * 24 * 3600
@@ -58,11 +61,16 @@ def _judge_key(evaluation_id: str) -> str:
     return f"pbe:secret:judge-key:{evaluation_id}"
 
 
-class StateStore:
-    """Read the live state of evaluations; hold their API keys."""
+log = logging.getLogger(__name__)
 
-    def __init__(self, redis: Redis) -> None:
+
+class StateStore:
+    """Read the live state of evaluations; hold their API keys, sealed in ``secrets`` (without it, keys can be
+    neither held nor read: ``PBE_SECRETS_KEY`` is not set)."""
+
+    def __init__(self, redis: Redis, secrets: SecretBox | None = None) -> None:
         self.redis = redis
+        self.secrets = secrets
 
     def get(self, evaluation_id: str) -> Evaluation:
         """Return an evaluation.
@@ -82,9 +90,13 @@ class StateStore:
 
     def set_keys(self, evaluation_id: str, api_key: str | None, judge_api_key: str | None) -> None:
         """Hold the evaluation's model and/or judge key again (after Redis lost them, or they expired), for
-        ``DEFAULT_SECRET_TTL_S`` from now. A None key is left as it is."""
+        ``DEFAULT_SECRET_TTL_S`` from now. A None key is left as it is.
+
+        Raises:
+            SecretsKeyMissingError: a key is given and this store has no secrets key to seal it with.
+        """
         pipe = self.redis.pipeline(transaction=True)
-        hold_keys(pipe, evaluation_id, api_key, judge_api_key)
+        hold_keys(pipe, self.secrets, evaluation_id, api_key, judge_api_key)
         pipe.execute()
 
     def drop_keys(self, evaluation_id: str) -> None:
@@ -92,14 +104,28 @@ class StateStore:
         self.redis.delete(_model_key(evaluation_id), _judge_key(evaluation_id))
 
     def model_key(self, evaluation_id: str) -> str | None:
-        """Return the evaluation's model API key, or None when it has none."""
-        raw = self.redis.get(_model_key(evaluation_id))
-        return raw.decode() if isinstance(raw, bytes) else raw
+        """Return the evaluation's model API key, or None when it has none (or it does not open: lost)."""
+        return self._open(_model_key(evaluation_id))
 
     def judge_key(self, evaluation_id: str) -> str | None:
-        """Return the evaluation's judge API key, or None when it has none."""
-        raw = self.redis.get(_judge_key(evaluation_id))
-        return raw.decode() if isinstance(raw, bytes) else raw
+        """Return the evaluation's judge API key, or None when it has none (or it does not open: lost)."""
+        return self._open(_judge_key(evaluation_id))
+
+    def _open(self, name: str) -> str | None:
+        """The key held under ``name``, opened; None when none is held or it does not open (logged: the user
+        sends it again). Raises nothing."""
+        raw = self.redis.get(name)
+        if raw is None:
+            return None
+        sealed = raw if isinstance(raw, bytes) else str(raw).encode()
+        secret = self.secrets.open(sealed, name) if self.secrets is not None else None
+        if secret is None:
+            log.error(
+                "%s is held but does not open (PBE_SECRETS_KEY %s): counted as lost",
+                name.rsplit(":", 1)[0],
+                "is not set" if self.secrets is None else "differs from the one that sealed it",
+            )
+        return secret
 
     def task_states(self, evaluation_id: str) -> dict[int, TaskState]:
         raw = self.redis.hgetall(evaluation_key(evaluation_id, "tasks"))
@@ -161,9 +187,21 @@ class StateStore:
         return sorted((Verdict.model_validate_json(v) for v in raw.values()), key=lambda v: v.task_index)
 
 
-def hold_keys(pipe: Any, evaluation_id: str, api_key: str | None, judge_api_key: str | None) -> None:
-    """Queue on ``pipe`` the secret-store writes of the keys given (each for ``DEFAULT_SECRET_TTL_S``)."""
-    if api_key:
-        pipe.set(_model_key(evaluation_id), api_key, ex=DEFAULT_SECRET_TTL_S)
-    if judge_api_key:
-        pipe.set(_judge_key(evaluation_id), judge_api_key, ex=DEFAULT_SECRET_TTL_S)
+def hold_keys(
+    pipe: Any, secrets: SecretBox | None, evaluation_id: str, api_key: str | None, judge_api_key: str | None
+) -> None:
+    """Queue on ``pipe`` the secret-store writes of the keys given, each sealed with ``secrets`` and held for
+    ``DEFAULT_SECRET_TTL_S``.
+
+    Raises:
+        SecretsKeyMissingError: a key is given and ``secrets`` is None.
+    """
+    for name, secret in ((_model_key(evaluation_id), api_key), (_judge_key(evaluation_id), judge_api_key)):
+        if not secret:
+            continue
+        if secrets is None:
+            raise SecretsKeyMissingError(
+                "this service cannot keep API keys: PBE_SECRETS_KEY is not set (make env writes one into .env; "
+                "on Kubernetes k8s/secrets.sh puts it in the Secret); submit without keys, or ask the operator"
+            )
+        pipe.set(name, secrets.seal(secret, name), ex=DEFAULT_SECRET_TTL_S)

@@ -8,9 +8,20 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
+from services.secretbox import SecretBox, new_key
 from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
+
+os.environ.setdefault("PBE_SECRETS_KEY", new_key())
+"""Every settings object the tests make (and every worker they start) seals API keys under this one key, as the
+services of one stack share theirs."""
+
+
+@pytest.fixture(scope="session")
+def secret_box() -> SecretBox:
+    """The box of the tests' ``PBE_SECRETS_KEY``: what the services' settings make."""
+    return SecretBox.from_setting(os.environ["PBE_SECRETS_KEY"])
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from gateway.settings import GatewaySettings
 from services.sandbox.contract import PROJECT, PROJECT_LABEL, ROLE_LABEL, RUNTIME_ROLES
+from services.secretbox import SecretBox
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,3 +90,12 @@ def compose_stack(project: str, suite_path: Path, admin_key: str, **variables: s
         (ROOT / "var").mkdir(exist_ok=True)
         (ROOT / "var" / f"{project}-compose.log").write_text(logs.stdout + logs.stderr)
         compose("down", "-v", "--remove-orphans")
+
+
+def test_secrets() -> SecretBox:
+    """The box of the tests' ``PBE_SECRETS_KEY`` (conftest sets one for the whole run): what the services'
+    settings make, so a key the tests hold is one the gateway and workers they start can open."""
+    return SecretBox.from_setting(os.environ["PBE_SECRETS_KEY"])
+
+
+test_secrets.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test

@@ -35,7 +35,7 @@ from services.state import StateStore
 from services.store import ArtifactStore
 from services.trajectory import EndReason, Execution, Message, Trajectory, Turn
 from services.verdict import GradingOutcome, Judgment, Verdict, VerdictStatus
-from tests.fixtures import ADMIN_KEY, gateway_settings
+from tests.fixtures import ADMIN_KEY, gateway_settings, test_secrets
 from tests.servers import free_port, serve
 
 MODEL = "tiny-model"
@@ -139,7 +139,9 @@ def test_submit_checks_the_model_endpoint_first_and_prints_the_evaluation_id(
     assert evaluation.tasks == [7, 13, 77] and evaluation.max_turns == 3 and evaluation.has_api_key
     assert f"preflight: {model_url} serves {MODEL!r}" in run.err and "1 unavailable here: 13" in run.err
     assert seen == [f"Bearer {MODEL_KEY}"]  # the preflight sent the model's key ...
-    assert StateStore(redis_client).model_key(evaluation_id) == MODEL_KEY  # ... and so did the submission
+    assert (
+        StateStore(redis_client, test_secrets()).model_key(evaluation_id) == MODEL_KEY
+    )  # ... and so did the submission
     assert MODEL_KEY not in run.out + run.err
     again = cli(*argv, "--tasks", "7,13,77", "--prompt", "gpt", "--max-turns", "3", "--idempotency-key", "k1", "--json")
     assert again.status == 0 and json.loads(again.out)["evaluation"]["id"] == evaluation_id
@@ -440,7 +442,7 @@ def test_send_keys_gives_a_lost_key_back_without_printing_it(
     monkeypatch.setenv("MY_MODEL_KEY", MODEL_KEY)
     run = cli("send-keys", evaluation_id, "--model-key-env", "MY_MODEL_KEY")
     assert run.status == 0 and "model key held again" in run.out and MODEL_KEY not in run.out + run.err
-    assert StateStore(redis_client).model_key(evaluation_id) == MODEL_KEY
+    assert StateStore(redis_client, test_secrets()).model_key(evaluation_id) == MODEL_KEY
     refused = cli("send-keys", evaluation_id, "--judge-key-env", "MY_MODEL_KEY")
     assert_one_error_line(refused, 1, "HTTP 409: this evaluation was submitted without a judge API key")
     assert MODEL_KEY not in refused.err

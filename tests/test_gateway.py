@@ -18,7 +18,7 @@ from services.queues import SESSIONS_QUEUE
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.verdict import Verdict, VerdictStatus
-from tests.fixtures import ADMIN_KEY, BODY, gateway_settings
+from tests.fixtures import ADMIN_KEY, BODY, gateway_settings, test_secrets
 
 CANARY_KEY = "sk-canary-4f1d2a9e7b"
 JUDGE_CANARY_KEY = "sk-judge-canary-8c2e"
@@ -224,7 +224,7 @@ def test_keys_lost_with_redis_can_be_sent_again_and_are_never_shown(
     redis_client.delete(f"pbe:secret:model-key:{keyed}")  # as after a Redis restart without persistence
     sent = api.put(f"/v1/evaluations/{keyed}/keys", json={"api_key": CANARY_KEY})
     assert sent.status_code == 200 and CANARY_KEY not in sent.text
-    assert StateStore(redis_client).model_key(keyed) == CANARY_KEY
+    assert StateStore(redis_client, test_secrets()).model_key(keyed) == CANARY_KEY
     assert 0 < redis_client.ttl(f"pbe:secret:model-key:{keyed}") <= 14 * 24 * 3600
 
     assert api.put(f"/v1/evaluations/{keyed}/keys", json={}).status_code == 422
@@ -232,10 +232,10 @@ def test_keys_lost_with_redis_can_be_sent_again_and_are_never_shown(
     assert judge.status_code == 409 and "without a judge API key" in judge.json()["detail"]
     keyless = api.post("/v1/evaluations", json=BODY).json()["evaluation"]["id"]
     refused = api.put(f"/v1/evaluations/{keyless}/keys", json={"api_key": CANARY_KEY})
-    assert refused.status_code == 409 and StateStore(redis_client).model_key(keyless) is None
+    assert refused.status_code == 409 and StateStore(redis_client, test_secrets()).model_key(keyless) is None
     with user_client(app_settings, redis_client, "mallory") as other:
         assert other.put(f"/v1/evaluations/{keyed}/keys", json={"api_key": "sk-mallory"}).status_code == 404
-    assert StateStore(redis_client).model_key(keyed) == CANARY_KEY
+    assert StateStore(redis_client, test_secrets()).model_key(keyed) == CANARY_KEY
 
 
 def test_an_id_that_names_another_key_of_an_evaluation_is_a_404_not_a_server_error(api: httpx.Client) -> None:
@@ -261,7 +261,7 @@ def test_a_finished_evaluations_keys_are_never_stored_again_but_travel_with_a_re
     api: httpx.Client, redis_client: Redis
 ) -> None:
     keyed = api.post("/v1/evaluations", json={**BODY, "api_key": CANARY_KEY}).json()["evaluation"]["id"]
-    lifecycle, state = TaskLifecycle(redis_client), StateStore(redis_client)
+    lifecycle, state = TaskLifecycle(redis_client, test_secrets()), StateStore(redis_client, test_secrets())
     for index in (7, 16):
         lifecycle.record_verdict(
             Verdict(

@@ -18,6 +18,7 @@ from services.store import ArtifactStore
 from services.suite import load_suite
 from services.trajectory import EndReason, Message, Trajectory
 from services.verdict import VerdictStatus
+from tests.fixtures import test_secrets
 from tests.judge_server import JudgeServer, Step
 from tests.servers import serve
 
@@ -88,7 +89,7 @@ def test_an_evaluation_with_a_judge_gets_each_session_judged_with_the_key_from_t
 ) -> None:
     suite = load_suite(suite_path)
     store = ArtifactStore(tmp_path)
-    state = StateStore(redis_client)
+    state = StateStore(redis_client, test_secrets())
     server = JudgeServer()
     canary = "sk-judge-canary-5b1e"
     with serve(server.app) as url:
@@ -98,7 +99,7 @@ def test_an_evaluation_with_a_judge_gets_each_session_judged_with_the_key_from_t
             judge=JudgeConfig(endpoint=ModelEndpoint(base_url=url + "/v1", model="judge-model")),
             has_judge_api_key=True,
         )
-        TaskLifecycle(redis_client).create(evaluation, load_suite(suite_path), judge_api_key=canary)
+        TaskLifecycle(redis_client, test_secrets()).create(evaluation, load_suite(suite_path), judge_api_key=canary)
         for index, answer in ((134, "Finished: no idea"), (44, "Finished: saved")):
             store.put_trajectory(
                 Trajectory(
@@ -115,7 +116,15 @@ def test_an_evaluation_with_a_judge_gets_each_session_judged_with_the_key_from_t
         options = {"retries": 0, "backoff_s": 0.001}
         for index in (134, 44):
             job = GradeJob(evaluation_id=evaluation.id, task_index=index)
-            grade_and_record(job, redis=redis_client, suite=suite, store=store, judge_options=options, egress=LOOPBACK)
+            grade_and_record(
+                job,
+                redis=redis_client,
+                suite=suite,
+                store=store,
+                judge_options=options,
+                egress=LOOPBACK,
+                secrets=test_secrets(),
+            )
     assert [r.headers.get("authorization") for r in server.requests] == [f"Bearer {canary}"] * 2
     verdicts = {v.task_index: v for v in state.verdicts(evaluation.id)}
     judged, unparseable = verdicts[134].judgment, verdicts[44].judgment
@@ -134,7 +143,11 @@ def test_an_evaluation_with_a_judge_gets_each_session_judged_with_the_key_from_t
     state.set_keys(evaluation.id, None, canary)  # as PUT .../keys does before a retry
     before = len(server.requests)
     grade_and_record(
-        GradeJob(evaluation_id=evaluation.id, task_index=134), redis=redis_client, suite=suite, store=store
+        GradeJob(evaluation_id=evaluation.id, task_index=134),
+        redis=redis_client,
+        suite=suite,
+        store=store,
+        secrets=test_secrets(),
     )
     refused = {v.task_index: v for v in state.verdicts(evaluation.id)}[134].judgment
     assert refused is not None and refused.status == "error" and "refused" in refused.reason

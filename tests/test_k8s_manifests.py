@@ -534,20 +534,23 @@ def test_settings_are_accepted_by_each_service(rendered: dict[str, list[Obj]], m
         assert "PBE_REDIS_URL" not in env, "Redis's URL carries its password: it comes from the Secret"
         password = {"name": "PBE_REDIS_PASSWORD", "valueFrom": {"secretKeyRef": _secret_ref("PBE_REDIS_PASSWORD")}}
         url = "redis://:$(PBE_REDIS_PASSWORD)@redis:6379/0"
+        sealing = {"name": "PBE_SECRETS_KEY", "valueFrom": {"secretKeyRef": _secret_ref("PBE_SECRETS_KEY")}}
         gateway_env = _containers(_pod_spec(_find(objects, "Deployment", "gateway")) or {})[0]["env"]
         assert gateway_env == [
             {"name": "FORWARDED_ALLOW_IPS", "value": "*"},  # uvicorn's, for the Ingress's X-Forwarded-Proto
             {"name": "PBE_ADMIN_KEY", "valueFrom": {"secretKeyRef": _secret_ref("PBE_ADMIN_KEY")}},
             password,
             {"name": "PBE_REDIS_URL", "value": url},
+            sealing,
         ]
         for name in ("executor", "grader"):
             container = _containers(_pod_spec(_find(objects, "Deployment", name)) or {})[0]
             assert container["env"] == [
                 password,
                 {"name": "PBE_REDIS_URL", "value": url},
+                sealing,
                 {"name": "RQ_REDIS_URL", "value": url},
-            ], f"{name} gets Redis's password and no other secret"
+            ], f"{name} gets Redis's password and the sealing key, not the admin key"
             assert "--url" not in container["command"], "a URL on the command line would show the password"
         redis = _containers(_pod_spec(_find(objects, "StatefulSet", "redis")) or {})[0]
         assert redis["command"] == ["/usr/local/bin/start-redis.sh"]
@@ -651,7 +654,7 @@ def test_secrets_script_makes_each_secret_once_and_no_file_holds_one(tmp_path: P
         assert oct(out.stat().st_mode & 0o777) == "0o600"
     meta = manifests[0]["metadata"]
     assert (meta["name"], meta["namespace"]) == ("pybench-eval-secrets", SERVICE_NS)
-    assert set(manifests[0]["data"]) == {"PBE_ADMIN_KEY", "PBE_REDIS_PASSWORD"}
+    assert set(manifests[0]["data"]) == {"PBE_ADMIN_KEY", "PBE_REDIS_PASSWORD", "PBE_SECRETS_KEY"}
     assert manifests[0]["data"] == manifests[1]["data"], "a second run keeps the secrets that work"
     assert manifests[0]["data"] != manifests[2]["data"], "a new file gets new secrets"
 

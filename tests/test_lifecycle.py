@@ -21,6 +21,7 @@ from services.store import ArtifactStore
 from services.suite import Suite, load_suite
 from services.trajectory import EndReason
 from services.verdict import Verdict, VerdictStatus
+from tests.fixtures import test_secrets
 from tests.servers import serve
 
 UNRECORDED_TASK = 98
@@ -148,7 +149,7 @@ def run_and_grade(
         EGRESS_ALLOWLIST="127.0.0.1",
         WARM_POOL=False,
     )
-    lifecycle = TaskLifecycle(redis)
+    lifecycle = TaskLifecycle(redis, test_secrets())
     lifecycle.create(evaluation, suite, api_key=api_key)
     [task] = evaluation.tasks
     execute_session(
@@ -192,7 +193,7 @@ def test_a_lost_model_key_ends_the_task_after_one_attempt_saying_how_to_send_it(
 
 
 def test_the_api_keys_are_dropped_once_every_task_is_finished(redis_client: Redis, suite: Suite) -> None:
-    lifecycle = TaskLifecycle(redis_client)
+    lifecycle = TaskLifecycle(redis_client, test_secrets())
     evaluation = evaluation_of("lifekeys", [7, 16], suite, has_api_key=True, has_judge_api_key=True)
     lifecycle.create(evaluation, suite, api_key="sk-model-canary", judge_api_key="sk-judge-canary")
     lifecycle.record_verdict(verdict_of("lifekeys", 7, VerdictStatus.PASSED))

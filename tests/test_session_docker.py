@@ -26,6 +26,7 @@ from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import load_suite
 from services.trajectory import EndReason
+from tests.fixtures import test_secrets
 from tests.servers import free_port, serve
 
 pytestmark = pytest.mark.docker
@@ -67,7 +68,9 @@ def run_session(
             sampling=Sampling(),
             has_api_key=api_key is not None,
         )
-        TaskLifecycle(redis_client).create(evaluation, load_suite(suite_path), api_key=api_key if key_held else None)
+        TaskLifecycle(redis_client, test_secrets()).create(
+            evaluation, load_suite(suite_path), api_key=api_key if key_held else None
+        )
         summary = execute_session(
             SessionJob(evaluation_id=evaluation.id, task_index=index),
             settings=settings,
@@ -192,7 +195,9 @@ def test_the_model_key_reaches_the_endpoint_and_nothing_else(
     assert CANARY.encode() not in stored, "the key reached the artifact store"
     assert CANARY.encode() not in redis_dump(redis_client), "the key reached Redis outside the secret store"
     assert CANARY not in caplog.text, "the key reached a log"
-    assert redis_client.get(f"pbe:secret:model-key:{evaluation.id}") == CANARY.encode()
+    name = f"pbe:secret:model-key:{evaluation.id}"
+    sealed = redis_client.get(name)
+    assert sealed is not None and test_secrets().open(sealed, name) == CANARY  # held sealed, never in plain text
 
 
 def test_a_session_whose_model_key_is_gone_never_calls_the_endpoint(

@@ -29,6 +29,7 @@ from services.evaluation import (
 from services.manifest import build_manifest
 from services.metrics import build_results
 from services.netguard import EgressPolicy
+from services.secretbox import SecretsKeyMissingError
 from services.state import EvaluationNotFoundError, StateStore
 from services.suite import Suite
 from services.trajectory import Trajectory
@@ -100,6 +101,11 @@ def create_evaluation(
             f"suite {suite.name!r} has no prompt {body.prompt!r}; use one of: " + ", ".join(suite.prompts()),
         )
     indices = _selected_tasks(body, suite)
+    if (body.api_key or body.judge_api_key) and settings.secret_box() is None:
+        raise SecretsKeyMissingError(
+            "this service cannot keep API keys (PBE_SECRETS_KEY is not set; make env writes one into .env): "
+            "submit without api_key and judge_api_key, or ask the operator to set it"
+        )
     check_endpoints(body, settings, request.app.state.egress_resolver)
     claim = idempotency.claim(redis, caller.id, idempotency_key, body, settings.IDEMPOTENCY_TTL_S)
     if claim.existing is not None:
