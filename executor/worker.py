@@ -42,7 +42,7 @@ from executor.settings import ExecutorSettings
 from services.components import SANDBOX_IMAGE, advertise
 from services.liveness import DEFAULT_HEARTBEAT_INTERVAL_S, ShortHeartbeat
 from services.logs import configure_logging
-from services.monitoring import SESSIONS_IN_FLIGHT, serve_worker_metrics
+from services.monitoring import SESSIONS_IN_FLIGHT, metrics_address, serve_worker_metrics
 from services.queues import ProjectJobsOnly
 from services.sandbox.base import SandboxBackend
 from services.sandbox.registry import get_backend
@@ -118,7 +118,7 @@ class ExecutorWorker(ProjectJobsOnly, ShortHeartbeat, SimpleWorker):
         _sweep(backend, settings.WORKER_ID)
         configure_logging(level=logging_level or "INFO")  # first: RQ's own lines then take its format too
         self.bootstrap(logging_level, date_format, log_format)
-        serve_worker_metrics(settings.METRICS_PORT)
+        serve_worker_metrics(settings.METRICS_PORT, metrics_address(settings.METRICS_HOST, settings.REDIS_URL))
         self._quietly(
             lambda: advertise(self.connection, {SANDBOX_IMAGE: backend.image_reference(settings.SANDBOX_IMAGE)})
         )

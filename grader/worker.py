@@ -22,7 +22,7 @@ from grader.settings import GraderSettings
 from services.components import advertise, judge_prompt_key
 from services.liveness import DEFAULT_HEARTBEAT_INTERVAL_S, ShortHeartbeat
 from services.logs import configure_logging
-from services.monitoring import record_grading, serve_worker_metrics
+from services.monitoring import metrics_address, record_grading, serve_worker_metrics
 from services.queues import ProjectJobsOnly
 from services.verdict import JudgeMode
 
@@ -38,7 +38,7 @@ class GraderWorker(ProjectJobsOnly, ShortHeartbeat, Worker):
         """Serve the series (``PBE_METRICS_PORT``), advertise the judge's prompt hashes, then take gradings."""
         settings = GraderSettings()
         configure_logging(level=kwargs.get("logging_level") or "INFO")
-        serve_worker_metrics(settings.METRICS_PORT)
+        serve_worker_metrics(settings.METRICS_PORT, metrics_address(settings.METRICS_HOST, settings.REDIS_URL))
         try:
             advertise(self.connection, {judge_prompt_key(m.value): prompt_hash(m) for m in JudgeMode})
         except Exception as exc:  # Redis away at start: the manifests say "unknown" until the next start

@@ -12,7 +12,12 @@ Executor (the process's default registry): ``pbe_executor_sessions_in_flight``, 
 Grader: ``pbe_gradings_total{status}``, ``pbe_grading_seconds``.
 """
 
+import ipaddress
 import logging
+import socket
+import sys
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -22,6 +27,7 @@ from redis import Redis, RedisError
 from rq import Queue
 from rq.registry import StartedJobRegistry
 
+from services.errors import ConfigurationError
 from services.evaluation import EvaluationStatus, TaskState
 from services.queues import GRADING_QUEUE, SESSIONS_QUEUE
 from services.state import StateStore
@@ -82,7 +88,43 @@ def record_grading(seconds: float, status: str) -> None:
     GRADING_TIME.observe(seconds)
 
 
-def serve_worker_metrics(port: int, host: str = "0.0.0.0") -> bool:
+ROUTE_TO_REDIS = "route-to:redis"
+"""``PBE_METRICS_HOST``'s value that serves on the address a worker reaches Redis from (``metrics_address``)."""
+
+
+def metrics_address(host: str, redis_url: str) -> str:
+    """The address a worker's metrics listen on for ``PBE_METRICS_HOST`` = ``host``: an IP address as it is, or,
+    for ``route-to:redis``, this host's address on the route to Redis (``redis_url``'s host): the services'
+    network, never the sandboxes' (an executor shares a network with its sandboxes, which must find nothing
+    listening there). Finding the route sends nothing (a UDP socket is connected, not written to).
+
+    Raises:
+        ConfigurationError: ``host`` is neither an IP address nor ``route-to:redis``, or Redis's host does not
+            resolve.
+    """
+    if host != ROUTE_TO_REDIS:
+        try:
+            return str(ipaddress.ip_address(host))
+        except ValueError:
+            raise ConfigurationError(
+                f"PBE_METRICS_HOST must be an IP address or {ROUTE_TO_REDIS!r}, not {host!r}"
+            ) from None
+    parts = urllib.parse.urlsplit(redis_url)
+    try:
+        family, _, _, _, address = socket.getaddrinfo(
+            parts.hostname or "127.0.0.1", parts.port or 6379, 0, socket.SOCK_DGRAM
+        )[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(address)
+            return str(probe.getsockname()[0])
+    except OSError as exc:
+        raise ConfigurationError(
+            f"cannot find the route to Redis at {parts.hostname!r} for the metrics' address ({exc}); "
+            "set PBE_METRICS_HOST to an IP address"
+        ) from exc
+
+
+def serve_worker_metrics(port: int, host: str = "127.0.0.1") -> bool:
     """Serve the process's series on ``http://host:port/metrics`` from a background thread; port 0 serves nothing.
     Returns whether it serves. Never raises: a port in use is logged and the worker goes on without."""
     if not port:
@@ -141,3 +183,23 @@ def gateway_registry(redis: Redis) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=True)
     registry.register(RedisStateCollector(redis))
     return registry
+
+
+def main() -> int:
+    """``python3 -m services.monitoring``: print this worker's series, read where it serves them (its
+    ``PBE_METRICS_HOST`` and ``PBE_METRICS_PORT``), as an operator inside its container would."""
+    from services.settings import ServiceSettings
+
+    settings = ServiceSettings()
+    if not settings.METRICS_PORT:
+        print("PBE_METRICS_PORT is 0: this worker serves no metrics", file=sys.stderr)
+        return 1
+    host = metrics_address(settings.METRICS_HOST, settings.REDIS_URL)
+    url = f"http://{host}:{settings.METRICS_PORT}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as answer:  # noqa: S310 - this host's own address
+        sys.stdout.write(answer.read().decode())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -48,6 +48,9 @@ class ServiceSettings(BaseSettings):
     METRICS_PORT: int = Field(default=0, ge=0, le=65535)
     """Where a worker serves its Prometheus series (``/metrics``); 0 serves none (the gateway serves its own on
     its port whatever this says)."""
+    METRICS_HOST: str = "route-to:redis"
+    """Where a worker's metrics listen: an IP address, or ``route-to:redis`` (the default), this host's address on
+    its route to Redis: the services' network, never the one an executor shares with its sandboxes."""
     EGRESS_ALLOWLIST: str = ""
     """Hosts (``name``, ``*.suffix``) and CIDRs that submitted model and judge endpoints may reach although
     they are internal (e.g. ``replay`` in compose, an in-cluster vLLM service); everything else internal is

@@ -62,10 +62,11 @@ def gateway(stack: str) -> Iterator[GatewayClient]:
 
 
 def _worker_metrics(service: str, index: int) -> str:
-    """The Prometheus text a worker replica serves on its PBE_METRICS_PORT, read from inside its container."""
+    """The Prometheus text a worker replica serves on its PBE_METRICS_PORT, read from inside its container where it
+    serves them (its address on the route to Redis)."""
     done = subprocess.run(
-        ["docker", "compose", "-p", STACK, "exec", "-T", "--index", str(index), service, "python3", "-c",
-         "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9100/metrics').read().decode())"],
+        ["docker", "compose", "-p", STACK, "exec", "-T", "--index", str(index), service, "python3", "-m",
+         "services.monitoring"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -215,6 +216,25 @@ def test_redis_answers_only_with_its_password_and_model_servers_cannot_reach_it(
     by_address = _run_in("replay", "python3", "-c", REACH, address).stdout
     assert by_address.startswith("refused"), by_address
     assert "PBE_REDIS" not in _run_in("replay", "env").stdout
+
+
+PROBE_METRICS = """
+import socket, subprocess
+for address in subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split():
+    try:
+        socket.create_connection((address, 9100), timeout=3).close()
+        print(address, "serves")
+    except OSError:
+        print(address, "refuses")
+"""
+
+
+def test_executor_metrics_are_served_on_the_services_network_only(stack: str) -> None:
+    """An executor shares a network with its sandboxes: its metrics listen only on its address towards Redis, so
+    on the sandboxes' network the port refuses."""
+    answers = dict(line.split() for line in _run_in("executor", "python3", "-c", PROBE_METRICS).stdout.splitlines())
+    assert len(answers) >= 3, answers  # the services', the sandboxes' and the models' networks
+    assert list(answers.values()).count("serves") == 1, answers
 
 
 def test_bad_requests_get_problem_documents(gateway: GatewayClient) -> None:

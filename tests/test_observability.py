@@ -7,7 +7,10 @@ metrics HTTP server on loopback.
 import io
 import json
 import logging
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,12 +26,15 @@ from rq.serializers import JSONSerializer
 
 from gateway.app import create_app
 from services.components import advertised, judge_prompt_key
+from services.errors import ConfigurationError
 from services.logs import configure_logging, log_context
-from services.monitoring import record_session, serve_worker_metrics
+from services.monitoring import metrics_address, record_session, serve_worker_metrics
 from services.trajectory import EndReason, Execution, Message, SessionInfo, Trajectory, Turn
 from tests.fixtures import ADMIN_KEY, BODY, gateway_settings
 from tests.servers import free_port
 from tests.workers import GraderWorkerForTests
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture()
@@ -200,3 +206,27 @@ def test_text_log_lines_mark_the_session_too() -> None:
     finally:
         logging.getLogger().removeHandler(handler)
     assert stream.getvalue().rstrip().endswith("graded [evaluation=ev9 task=3 attempt=1]")
+
+
+def test_worker_metrics_listen_on_the_route_to_redis_or_the_address_given(redis_url: str) -> None:
+    """``route-to:redis`` is this host's address towards Redis (here loopback, as Redis is); an IP address is
+    taken as it is; anything else is refused with what to set."""
+    assert metrics_address("route-to:redis", redis_url) == "127.0.0.1"
+    assert metrics_address("route-to:redis", "redis://:pw@localhost:6379/0") in ("127.0.0.1", "::1")
+    assert metrics_address("10.1.2.3", redis_url) == "10.1.2.3"
+    for bad in ("eth0", "0.0.0.0.0", ""):
+        with pytest.raises(ConfigurationError, match="PBE_METRICS_HOST"):
+            metrics_address(bad, redis_url)
+    with pytest.raises(ConfigurationError, match="route to Redis"):
+        metrics_address("route-to:redis", "redis://no-such-host.invalid:6379/0")
+
+
+def test_an_operator_reads_a_workers_metrics_where_it_serves_them(redis_url: str) -> None:
+    port = free_port()
+    assert serve_worker_metrics(port, metrics_address("route-to:redis", redis_url))
+    env = {**os.environ, "PBE_METRICS_PORT": str(port), "PBE_REDIS_URL": redis_url}
+    done = subprocess.run(
+        [sys.executable, "-m", "services.monitoring"], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert "pbe_sessions_total" in done.stdout
