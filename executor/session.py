@@ -147,7 +147,7 @@ def run_task_session(
             cancelled=cancelled,
         )
         try:
-            tree = backend.get_tree(handle, f"{WORKSPACE}/output")
+            tree = backend.collect_tree(handle, f"{WORKSPACE}/output")
         except SandboxError as exc:
             log.warning("task %d: could not collect ./output: %s", task.index, exc)
             tree = Tree()

@@ -3,9 +3,11 @@ symbolic links are never followed, and stop finds the processes the code left.""
 
 import os
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -14,7 +16,7 @@ import pytest
 from executor.kernel import KernelClient
 from executor.settings import ExecutorSettings
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
-from services.sandbox.base import SandboxSpec
+from services.sandbox.base import DEFAULT_MAX_TREE_BYTES, TREES_AT_ONCE, SandboxSpec, Tree
 from services.sandbox.contract import SandboxHandle
 from services.sandbox.local import DEFAULT_GATEWAY_COMMAND, LocalSandboxBackend
 from services.sandbox.registry import get_backend
@@ -245,3 +247,36 @@ def test_a_cell_past_its_timeout_is_cut_even_while_the_gateway_keeps_pinging(roo
     finally:
         kernel.close()
         pinging.stop(handle)
+
+
+class _CountingBackend(LocalSandboxBackend):
+    """The local backend, counting the folders it reads at once (each read made to last 0.2 s)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root=root)
+        self.reading = self.most = 0
+        self._count = threading.Lock()
+
+    def get_tree(self, handle: SandboxHandle, path: str, **caps: int) -> Tree:
+        with self._count:
+            self.reading += 1
+            self.most = max(self.most, self.reading)
+        try:
+            time.sleep(0.2)
+            return super().get_tree(handle, path, **caps)
+        finally:
+            with self._count:
+                self.reading -= 1
+
+
+def test_sessions_that_end_together_collect_their_output_a_few_at_a_time(
+    backend: LocalSandboxBackend, sandbox: SandboxHandle, root: Path
+) -> None:
+    """Twelve collections at once hold at most TREES_AT_ONCE folders, each within the 64 MiB cap."""
+    assert DEFAULT_MAX_TREE_BYTES == 64 * 2**20 and TREES_AT_ONCE == 4
+    backend.put_file(sandbox, "/workspace/output/a.txt", b"a")
+    counting = _CountingBackend(root)
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        trees = list(pool.map(lambda _: counting.collect_tree(sandbox, "/workspace/output"), range(12)))
+    assert all(tree.files == {"a.txt": b"a"} for tree in trees)
+    assert counting.most == TREES_AT_ONCE

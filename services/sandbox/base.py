@@ -12,6 +12,7 @@ import bisect
 import functools
 import io
 import tarfile
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
@@ -48,9 +49,14 @@ EXEC_GRACE_S = 5.0
 """How long past an exec's time limit a backend waits for the command's end (``timeout`` kills it inside the box at
 the limit; this only guards against a stream or process that does not end)."""
 
-DEFAULT_MAX_TREE_BYTES = 512 * 1024 * 1024
+DEFAULT_MAX_TREE_BYTES = 64 * 1024 * 1024
 """The most bytes of files ``get_tree`` hands back from one folder (never more is held in memory); the rest
-are dropped."""
+are dropped. PyBench's largest recorded output is a few MiB; an executor runs up to 32 sessions in 1 GiB, so a
+session's share is small, and ``TREES_AT_ONCE`` bounds how many such folders are held at one time."""
+
+TREES_AT_ONCE = 4
+"""How many folders one backend reads at once (``SandboxBackend.collect_tree``): at most this many times
+``archive_budget`` of archive and files is held for output collection, however many sessions end together."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +143,19 @@ class SandboxBackend(ABC):
     telemetry_scope: str = "process"
     """Whose CPU and memory the per-cell probe measures: ``cgroup`` (the whole sandbox) or ``process`` (the
     kernel process), see ``executor.probe``."""
+
+    _trees = threading.BoundedSemaphore(TREES_AT_ONCE)
+    """Shared by every backend of the process: the folders being read now (``collect_tree``)."""
+
+    def collect_tree(self, handle: SandboxHandle, path: str) -> "Tree":
+        """``get_tree`` with the default caps, waiting while ``TREES_AT_ONCE`` folders are being read already in
+        this process (sessions that end together take turns rather than each holding its output at once).
+
+        Raises:
+            SandboxUnavailableError: the sandbox is gone.
+        """
+        with self._trees:
+            return self.get_tree(handle, path)
 
     def problem(self) -> str | None:
         """Why this backend cannot start sandboxes now (its engine or cluster unreachable, say), in words that
