@@ -5,6 +5,7 @@ in the prose (after dropping ``<think>`` blocks), and the first object that vali
 schema gives the verdict. An answer without one makes the judgment ``unparseable``, with what was wrong.
 """
 
+import functools
 import itertools
 import json
 import re
@@ -60,6 +61,11 @@ def _as_object(decode: Callable[[], Any]) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+def _decode_at(decoder: json.JSONDecoder, text: str, start: int) -> Any:
+    """The JSON value that begins at ``start`` of ``text``. Raises ValueError (not JSON) or RecursionError."""
+    return decoder.raw_decode(text, start)[0]
+
+
 def _json_objects(text: str) -> Iterator[dict[str, Any]]:
     """Yield the JSON objects in ``text``: the whole text, then fenced blocks (at most ``MAX_FENCES``), then
     objects in the prose (tried at the first ``MAX_OBJECT_STARTS`` braces)."""
@@ -67,13 +73,13 @@ def _json_objects(text: str) -> Iterator[dict[str, Any]]:
     decoder = json.JSONDecoder()
     fences = (match.group(1).strip() for match in _FENCE.finditer(text))
     for piece in itertools.chain([text], itertools.islice(fences, MAX_FENCES)):
-        if (value := _as_object(lambda piece=piece: json.loads(piece))) is not None:
+        if (value := _as_object(functools.partial(json.loads, piece))) is not None:
             yield value
     start = text.find("{")
     for _ in range(MAX_OBJECT_STARTS):
         if start < 0:
             return
-        if (value := _as_object(lambda start=start: decoder.raw_decode(text, start)[0])) is not None:
+        if (value := _as_object(functools.partial(_decode_at, decoder, text, start))) is not None:
             yield value
         start = text.find("{", start + 1)
 
