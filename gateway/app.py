@@ -22,6 +22,7 @@ from gateway.settings import GatewaySettings
 from gateway.streams import OpenStreams
 from services.logs import LOG_FORMAT_VARIABLE, configure_logging
 from services.netguard import Resolver, resolve_host
+from services.retention import RetentionPolicy
 from services.store import ArtifactStore
 from services.suite import load_suite
 
@@ -41,7 +42,9 @@ def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = 
         stop = threading.Event()
         if settings.RECONCILE_INTERVAL_S > 0:
             store = ArtifactStore(settings.ARTIFACT_ROOT)
-            app.state.reconciler = reconcile.run_periodically(redis, store, suite, settings.RECONCILE_INTERVAL_S, stop)
+            app.state.reconciler = reconcile.run_periodically(
+                redis, store, suite, settings.RECONCILE_INTERVAL_S, stop, RetentionPolicy(days=settings.RETENTION_DAYS)
+            )
         yield
         stop.set()
 
@@ -86,7 +89,9 @@ def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = 
             )
 
     install_dashboard(app)
-    install_metrics(app, redis)  # outermost: it sees every answer, the guard's and the body limit's too
+    admin_key = settings.ADMIN_KEY.get_secret_value() if settings.ADMIN_KEY else None
+    # outermost: it sees every answer, the guard's and the body limit's too
+    install_metrics(app, redis, settings.METRICS_ACCESS, admin_key)
 
     @app.get("/health", operation_id="health", tags=["health"])
     def health(response: Response) -> dict[str, str]:

@@ -10,6 +10,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from redis import Redis
 
 from gateway.deps import RedisDep, SettingsDep
 from gateway.problems import Problem
@@ -51,13 +52,13 @@ def get_caller(
             f"the API key is unknown, malformed or revoked; {_MAKE_A_KEY}",
             headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
         )
-    _count_request(keys, key, settings.RATE_LIMIT_PER_MINUTE)
+    count_request(keys.redis, key, settings.RATE_LIMIT_PER_MINUTE)
     request.state.caller = key
     return key
 
 
-def _count_request(keys: ApiKeyStore, key: ApiKey, per_minute: int) -> None:
-    """Count the request in the key's current minute.
+def count_request(redis: Redis, key: ApiKey, per_minute: int) -> None:
+    """Count the request in the key's current minute (the API's and the dashboard's requests share the count).
 
     Raises:
         Problem: 429 once the minute's count passes ``per_minute``.
@@ -65,7 +66,7 @@ def _count_request(keys: ApiKeyStore, key: ApiKey, per_minute: int) -> None:
     now = time.time()
     window = int(now // 60)
     counter = f"pbe:rate:{key.id}:{window}"
-    pipe = keys.redis.pipeline()
+    pipe = redis.pipeline()
     pipe.incr(counter)
     pipe.expire(counter, 120)
     count = int(pipe.execute()[0])

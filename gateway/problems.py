@@ -8,7 +8,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.errors import ArtifactNotFoundError, ConfigurationError, PybenchEvalError, TaskNotFoundError
+from services.errors import (
+    ArtifactExpiredError,
+    ArtifactNotFoundError,
+    ConfigurationError,
+    PybenchEvalError,
+    TaskNotFoundError,
+)
 from services.state import EvaluationNotFoundError
 
 PROBLEM_JSON = "application/problem+json"
@@ -37,6 +43,7 @@ def problem_response(
 _STATUS_OF: list[tuple[type[PybenchEvalError], int, str]] = [
     (EvaluationNotFoundError, 404, "Evaluation not found"),
     (TaskNotFoundError, 404, "Task not found"),
+    (ArtifactExpiredError, 410, "Artifact expired"),  # before its base class, ArtifactNotFoundError
     (ArtifactNotFoundError, 404, "Not found"),
     (ConfigurationError, 503, "Service misconfigured"),
 ]

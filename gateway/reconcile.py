@@ -21,6 +21,9 @@ Jobs have deterministic ids and a queued or running job is never queued twice, s
 again, or on two gateways at once, duplicates nothing; verdicts are written per task, so a session graded
 twice leaves one verdict. The gateway runs it every ``PBE_RECONCILE_INTERVAL_S`` seconds (one gateway at a
 time, under a Redis lock); ``python -m gateway.reconcile`` runs it once.
+
+Each pass is followed by one bounded retention pass (``services.retention.expire_old``: old evaluations'
+trajectories and files removed after ``PBE_RETENTION_DAYS``).
 """
 
 import logging
@@ -37,6 +40,7 @@ from services.evaluation import TaskState
 from services.lifecycle import MAX_REQUEUES, TaskLifecycle
 from services.metrics import build_results
 from services.queues import GradeJob, SessionJob, grade_job_id, session_job_id
+from services.retention import RetentionPolicy, expire_old
 from services.state import EvaluationNotFoundError
 from services.store import ArtifactStore
 from services.suite import Suite
@@ -207,12 +211,50 @@ def _reconcile_one(
     report.admitted.extend((evaluation_id, index) for index in lifecycle.admit(evaluation_id))
 
 
+def _retention_policy() -> RetentionPolicy:
+    """The retention of the gateway's settings as its environment gives them (``PBE_RETENTION_DAYS``); when they do
+    not validate, none (nothing is removed), logged."""
+    from gateway.settings import GatewaySettings
+
+    try:
+        return RetentionPolicy(days=GatewaySettings().RETENTION_DAYS)
+    except ValueError as exc:  # pydantic's ValidationError
+        log.error("retention: off, the settings do not validate: %s", exc)
+        return RetentionPolicy(days=0)
+
+
+def expire(redis: Redis, store: ArtifactStore, retention: RetentionPolicy) -> None:
+    """One retention pass (``services.retention.expire_old``), logged when it removed anything.
+
+    Raises:
+        RedisError: Redis cannot be reached.
+    """
+    report = expire_old(redis, store, retention)
+    if report.expired:
+        log.warning(
+            "retention: removed the trajectories and files of %d evaluation(s) that finished more than %d days ago "
+            "(%.1f MiB): %s",
+            len(report.expired),
+            retention.days,
+            report.freed_bytes / (1024 * 1024),
+            ", ".join(report.expired),
+        )
+
+
 def run_periodically(
-    redis: Redis, store: ArtifactStore, suite: Suite, interval_s: float, stop: threading.Event
+    redis: Redis,
+    store: ArtifactStore,
+    suite: Suite,
+    interval_s: float,
+    stop: threading.Event,
+    retention: RetentionPolicy | None = None,
 ) -> threading.Thread:
-    """Run ``reconcile`` every ``interval_s`` seconds in a daemon thread, one gateway at a time, until ``stop``."""
+    """Run ``reconcile``, then a retention pass (``expire``), every ``interval_s`` seconds in a daemon thread, one
+    gateway at a time, until ``stop``. ``retention`` None: the policy of ``GatewaySettings()``, read when the
+    thread starts (the gateway's own, when its settings come from the environment)."""
 
     def loop() -> None:
+        policy = retention or _retention_policy()
         while not stop.wait(interval_s):
             try:
                 if redis.set(LOCK_KEY, "1", nx=True, ex=max(1, int(interval_s))):
@@ -224,6 +266,7 @@ def run_periodically(
                             len(report.sessions),
                             len(report.gradings),
                         )
+                    expire(redis, store, policy)
             except (RedisError, OSError) as exc:
                 log.warning("reconciler: pass skipped (%s: %s); next in %.0f s", type(exc).__name__, exc, interval_s)
             except Exception:  # the thread must outlive any one pass; /health reports it if it dies anyway
@@ -240,12 +283,11 @@ def main() -> int:
     from services.suite import load_suite
 
     settings = GatewaySettings()
-    report = reconcile(
-        settings.redis(),
-        ArtifactStore(settings.ARTIFACT_ROOT),
-        load_suite(settings.require_suite(), settings.SUITE_NAME),
-    )
+    redis, store = settings.redis(), ArtifactStore(settings.ARTIFACT_ROOT)
+    report = reconcile(redis, store, load_suite(settings.require_suite(), settings.SUITE_NAME))
     print(f"restored {report.restored}, sessions queued again {report.sessions}, gradings {report.gradings}")
+    expired = expire_old(redis, store, RetentionPolicy(days=settings.RETENTION_DAYS))
+    print(f"retention ({settings.RETENTION_DAYS} days): expired {expired.expired}")
     return 0
 
 

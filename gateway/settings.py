@@ -1,5 +1,7 @@
 """The gateway's settings (``PBE_`` environment variables), validated when the app is made."""
 
+from typing import Literal
+
 from pydantic import Field, SecretStr
 
 from services.settings import ServiceSettings
@@ -33,5 +35,17 @@ class GatewaySettings(ServiceSettings):
     """How often the reconciler queues again work a crash dropped (0: never; ``python -m gateway.reconcile``)."""
     IDEMPOTENCY_TTL_S: int = 24 * 3600
     """How long an ``Idempotency-Key`` is remembered."""
+    METRICS_ACCESS: Literal["open", "admin", "off"] = "open"
+    """Who reads the gateway's ``GET /metrics``: anyone who reaches the port (``open``: counts by route, status and
+    state, never an id, a model or a key; for a Prometheus on the same network), an admin key's holder only
+    (``admin``), or nobody (``off``: 404)."""
     DASHBOARD_SESSION_TTL_S: int = Field(default=12 * 3600, ge=60, le=30 * 24 * 3600)
     """How long a dashboard sign-in lasts (its session cookie and its record in Redis)."""
+
+    # --- storage limits (services.retention) ---
+    STORAGE_QUOTA_MB_PER_KEY: int = Field(default=20 * 1024, ge=0)
+    """MiB (default 20 GiB) of trajectories and produced files a key's evaluations may take in the artifact store;
+    a submission by a key at or over it gets 409 (0: no quota)."""
+    RETENTION_DAYS: int = Field(default=90, ge=0)
+    """Days after it finished that an evaluation's trajectories and produced files are removed by the reconciler
+    (its results and verdicts stay; reads of what went answer 410); 0 keeps them for ever."""

@@ -24,6 +24,7 @@ from grader import file_checks, session_files, shared_output
 from grader.grading import FileCheckRunner, OriginalView, grade, regrade_original
 from grader.judge import judge_key_lost, judge_session
 from grader.settings import GraderSettings
+from services.errors import ArtifactExpiredError
 from services.evaluation import Evaluation
 from services.lifecycle import TaskLifecycle, should_retry
 from services.logs import log_context
@@ -212,6 +213,10 @@ def _regrade_borrowers(
         if verdict is None or verdict.status in (VerdictStatus.UNAVAILABLE, VerdictStatus.INFRA_ERROR):
             continue  # not graded yet (its grading will see the lender's files), or nothing to regrade
         job = GradeJob(evaluation_id=evaluation_id, task_index=index, attempt=verdict.attempt)
+        try:
+            store.check_kept(evaluation_id, [(index, verdict.attempt)])
+        except ArtifactExpiredError:
+            continue  # retention removed what it was graded from: its verdict stays as it was
         files = store.list_output_files(evaluation_id, index, verdict.attempt)
         borrowed = shared_output.borrow(store, evaluation_id, index, links[index], files, attempts)
         trajectory = store.get_trajectory(evaluation_id, index, verdict.attempt)

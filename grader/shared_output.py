@@ -28,6 +28,7 @@ from typing import Any
 
 from grader.checks import normalise_output_path
 from grader.variants import Grading, checks_for, forced_outcome
+from services.errors import ArtifactExpiredError
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import Suite
@@ -148,7 +149,11 @@ def borrow(
         if attempt is None:
             continue
         base = store.output_dir(evaluation_id, lender, attempt)
-        for name in store.list_output_files(evaluation_id, lender, attempt):
+        try:
+            lent = store.list_output_files(evaluation_id, lender, attempt)
+        except ArtifactExpiredError:  # retention removed the lender's files: there is nothing to borrow
+            continue
+        for name in lent:
             if name.rstrip("/") != path and not name.startswith(path + "/"):
                 continue
             if name in own and lender < task_index:

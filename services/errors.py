@@ -20,6 +20,7 @@ are defined here::
     │                                      key): the user's to fix, never retried
     ├── StoreError                         the artifact store cannot be read or written
     │   └── ArtifactNotFoundError          an artifact that is not there
+    │       └── ArtifactExpiredError       it was there, and retention removed it (HTTP 410)
     ├── GatewayError                       the gateway answered an error (status, detail)      gateway.client
     ├── GatewayUnreachableError            the gateway could not be reached in time            gateway.client
     └── CommandError                       a CLI command cannot go on (exit status 1)          gateway.cli.errors
@@ -92,6 +93,11 @@ class StoreError(PybenchEvalError):
 
 class ArtifactNotFoundError(StoreError):
     pass
+
+
+class ArtifactExpiredError(ArtifactNotFoundError):
+    """A trajectory or produced file that retention (``PBE_RETENTION_DAYS``) removed: the message says when and
+    by which setting; the evaluation's results and verdicts are kept and still readable."""
 
 
 class ModelRequestRejectedError(ModelResponseError):

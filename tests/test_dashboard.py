@@ -274,3 +274,20 @@ def test_bad_and_unknown_addresses_are_pages(settings: GatewaySettings, api: Tes
         assert browser.get(f"/dashboard/evaluations/{evaluation['id']}").status_code == 200  # still routed
         assert browser.get("/dashboard/static/dashboard.css").status_code == 200
         assert api.get("/v1/evaluations/nope").headers["content-type"] == "application/problem+json"  # API unchanged
+
+
+def test_dashboard_requests_count_against_the_keys_rate_like_the_api(
+    redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path
+) -> None:
+    """Pages, previews and downloads cost a signed-in key what API requests cost: past its rate, 429 with
+    Retry-After, and the API and the dashboard share one count."""
+    settings = gateway_settings(redis_url, suite_path, tmp_path, RATE_LIMIT_PER_MINUTE=6)
+    with _client(settings) as browser:
+        sign_in(browser, ADMIN_KEY)  # one page read
+        statuses = [browser.get("/dashboard/runs").status_code for _ in range(5)]
+        assert statuses == [200] * 5
+        over = browser.get("/dashboard/runs")
+        assert over.status_code == 429 and int(over.headers["retry-after"]) >= 1
+        assert "6 requests a minute" in over.text
+        api = browser.get("/v1/evaluations", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+        assert api.status_code == 429, "the API shares the key's count with its dashboard"

@@ -25,6 +25,7 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from gateway.app import create_app
+from services.apikeys import ApiKeyStore
 from services.components import advertised, judge_prompt_key
 from services.errors import ConfigurationError
 from services.logs import configure_logging, log_context
@@ -230,3 +231,21 @@ def test_an_operator_reads_a_workers_metrics_where_it_serves_them(redis_url: str
     )
     assert done.returncode == 0, done.stderr
     assert "pbe_sessions_total" in done.stdout
+
+
+def test_metrics_access_open_admin_or_off(
+    redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path
+) -> None:
+    """``PBE_METRICS_ACCESS`` says who reads the gateway's series: anyone, an admin key only, or nobody."""
+    for access, anonymous, user, admin in (("open", 200, 200, 200), ("admin", 401, 401, 200), ("off", 404, 404, 404)):
+        settings = gateway_settings(redis_url, suite_path, tmp_path, METRICS_ACCESS=access)
+        with TestClient(create_app(settings)) as client:
+            _, user_key = ApiKeyStore(redis_client, None).create("metrics-reader")
+            answers = [
+                client.get("/metrics", headers=headers).status_code
+                for headers in ({}, {"Authorization": f"Bearer {user_key}"}, {"Authorization": f"Bearer {ADMIN_KEY}"})
+            ]
+            assert answers == [anonymous, user, admin], access
+            if admin == 200:
+                read = client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+                assert "pbe_http_requests_total" in read.text

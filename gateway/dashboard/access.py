@@ -18,9 +18,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.routing import APIRoute
 
+from gateway.auth import count_request
 from gateway.dashboard.rendering import BASE, render
 from gateway.dashboard.sessions import Session, SessionStore
 from gateway.deps import RedisDep, SettingsDep, StateDep
+from gateway.problems import Problem
 from gateway.routers.evaluations import owned
 from services.errors import StoreError
 from services.evaluation import Evaluation
@@ -41,11 +43,13 @@ MAX_FORM_BYTES = 16 * 1024
 
 
 class PageError(Exception):
-    """An error shown as a dashboard page with ``status`` (the page says ``title`` and ``detail``)."""
+    """An error shown as a dashboard page with ``status`` (the page says ``title`` and ``detail``; ``headers`` go
+    with it, e.g. ``Retry-After``)."""
 
-    def __init__(self, status: int, title: str, detail: str) -> None:
+    def __init__(self, status: int, title: str, detail: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(detail)
         self.status, self.title, self.detail = status, title, detail
+        self.headers = headers or {}
 
 
 class SignInRequired(Exception):
@@ -64,10 +68,20 @@ def session_store(request: Request, redis: RedisDep, settings: SettingsDep) -> S
 Sessions = Annotated[SessionStore, Depends(session_store)]
 
 
-def optional_session(request: Request, sessions: Sessions) -> Session | None:
-    """The request's session, or None; kept on ``request.state`` for the page's header."""
+def optional_session(request: Request, sessions: Sessions, settings: SettingsDep) -> Session | None:
+    """The request's session, or None; kept on ``request.state`` for the page's header. A signed-in request counts
+    against its key's rate like an API request (pages, previews, downloads and streams alike).
+
+    Raises:
+        PageError: 429 past the key's rate, with ``Retry-After``.
+    """
     session = sessions.resolve(request.cookies.get(COOKIE))
     request.state.dashboard_session = session
+    if session is not None:
+        try:
+            count_request(sessions.redis, session.key, settings.RATE_LIMIT_PER_MINUTE)
+        except Problem as exc:
+            raise PageError(exc.status, exc.title, exc.detail, exc.headers) from None
     return session
 
 
@@ -203,7 +217,9 @@ def install_error_pages(app: FastAPI) -> None:
 
     @app.exception_handler(PageError)
     async def _page_error(request: Request, exc: PageError) -> HTMLResponse:
-        return render(request, "error.html", {"title": exc.title, "detail": exc.detail}, status_code=exc.status)
+        page = render(request, "error.html", {"title": exc.title, "detail": exc.detail}, status_code=exc.status)
+        page.headers.update(exc.headers)
+        return page
 
     @app.exception_handler(SignInRequired)
     async def _sign_in(request: Request, exc: SignInRequired) -> Response:

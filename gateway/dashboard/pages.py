@@ -36,8 +36,9 @@ from gateway.dashboard.highlight import stylesheet
 from gateway.dashboard.rendering import BASE, render
 from gateway.deps import LifecycleDep, StateDep, StoreDep, StreamsDep, SuiteDep
 from gateway.routers.leaderboard import get_leaderboard
-from services.errors import ArtifactNotFoundError
+from services.errors import ArtifactExpiredError, ArtifactNotFoundError
 from services.evaluation import EvaluationStatus
+from services.store import ArtifactStore
 from services.verdict import VerdictStatus
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -264,9 +265,19 @@ def task(
     found = visible_evaluation(state, session, evaluation_id)
     try:
         page = views.task_page(state, store, suite, found, task_index, attempt, _task_url(found.id, task_index))
+    except ArtifactExpiredError as exc:
+        raise PageError(410, "Artifacts expired", str(exc)) from None
     except ArtifactNotFoundError:
         raise PageError(404, "Task not found", f"Evaluation {found.id} has no task {task_index}.") from None
     return render(request, "task.html", {"page": page, "task_url": _task_url(found.id, task_index)})
+
+
+def _check_kept(store: ArtifactStore, evaluation_id: str, task_index: int, attempt: int) -> None:
+    """Raises: PageError: 410 when retention removed the attempt's files (``ArtifactStore.check_kept``)."""
+    try:
+        store.check_kept(evaluation_id, [(task_index, attempt)])
+    except ArtifactExpiredError as exc:
+        raise PageError(410, "Artifacts expired", str(exc)) from None
 
 
 @router.get("/evaluations/{evaluation_id}/tasks/{task_index}/files/{name:path}")
@@ -284,6 +295,7 @@ def task_file(
     chosen = attempt or state.task_attempt(found.id, task_index)
     path = output_path(store, found.id, task_index, chosen, name) if task_index in found.tasks else None
     if path is None:
+        _check_kept(store, found.id, task_index, chosen)
         raise PageError(404, "File not found", f"Task {task_index} saved no file {name!r} in attempt {chosen}.")
     return file_response(path, download=download)
 
@@ -322,6 +334,8 @@ def notebook(
     chosen = attempt or state.task_attempt(found.id, task_index)
     try:
         trajectory = store.get_trajectory(found.id, task_index, chosen) if task_index in found.tasks else None
+    except ArtifactExpiredError as exc:
+        raise PageError(410, "Artifacts expired", str(exc)) from None
     except ArtifactNotFoundError:
         trajectory = None
     if trajectory is None:

@@ -6,6 +6,7 @@ import anyio
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, Field, SecretStr
+from redis import Redis
 
 from gateway import idempotency, limits
 from gateway.archive import ARCHIVE_MEDIA_TYPE, stream_archive
@@ -14,6 +15,7 @@ from gateway.deps import LifecycleDep, RedisDep, SettingsDep, StateDep, StoreDep
 from gateway.egress import check_endpoints
 from gateway.preflight import preflight
 from gateway.problems import Problem
+from gateway.settings import GatewaySettings
 from gateway.streams import follow
 from services.apikeys import ApiKey
 from services.components import advertised
@@ -29,8 +31,10 @@ from services.evaluation import (
 from services.manifest import build_manifest
 from services.metrics import build_results
 from services.netguard import EgressPolicy
+from services.retention import MIB, storage_used
 from services.secretbox import SecretsKeyMissingError
 from services.state import EvaluationNotFoundError, StateStore
+from services.store import ArtifactStore
 from services.suite import Suite
 from services.trajectory import Trajectory
 from services.verdict import Results, Verdict, VerdictStatus
@@ -65,6 +69,37 @@ def _selected_tasks(body: EvaluationCreate, suite: Suite) -> list[int]:
     return list(body.tasks)
 
 
+def _check_storage_quota(redis: Redis, store: ArtifactStore, owner: str, settings: GatewaySettings) -> None:
+    """Refuse a submission by a key whose evaluations' trajectories and files already take its storage quota
+    (``services.retention.storage_used``); nothing to check when the quota is 0.
+
+    Raises:
+        Problem: 409 at or over ``PBE_STORAGE_QUOTA_MB_PER_KEY``, saying the usage, the quota and what frees space.
+    """
+    quota_mib = settings.STORAGE_QUOTA_MB_PER_KEY
+    if quota_mib == 0:
+        return
+    used = storage_used(redis, store, owner)
+    if used < quota_mib * MIB:
+        return
+    retention = (
+        f"wait for retention to remove their trajectories and files {settings.RETENTION_DAYS} days after they "
+        "finished (PBE_RETENTION_DAYS)"
+        if settings.RETENTION_DAYS
+        else "turn retention on (PBE_RETENTION_DAYS is 0: nothing is removed by itself)"
+    )
+    raise Problem(
+        409,
+        "Storage quota reached",
+        f"this key's evaluations take {used / MIB:.1f} MiB of trajectories and files in the artifact store, at or "
+        f"over its quota of {quota_mib} MiB (PBE_STORAGE_QUOTA_MB_PER_KEY); to submit again, free space: have the "
+        f"operator delete old evaluations, or {retention}; an operator may also raise the quota",
+        usage_bytes=used,
+        quota_bytes=quota_mib * MIB,
+        setting="PBE_STORAGE_QUOTA_MB_PER_KEY",
+    )
+
+
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
@@ -90,7 +125,7 @@ def create_evaluation(
     Tasks whose input files are missing from the suite are reported ``unavailable`` and not run. With an
     ``Idempotency-Key`` header, a repeated submission returns the evaluation the first one made. Unless
     ``preflight`` is false, the model endpoint must first answer, serve the model and reply to a canary prompt
-    with code in the prompt's format.
+    with code in the prompt's format. A key whose stored artifacts reach its storage quota gets 409.
     """
     if body.suite != suite.name:
         raise Problem(422, "Unknown suite", f"no suite {body.suite!r}; this service offers {suite.name!r}")
@@ -112,6 +147,7 @@ def create_evaluation(
         response.status_code = status.HTTP_200_OK
         return _view(state, state.get(claim.existing))
     try:
+        _check_storage_quota(redis, store, caller.id, settings)
         if body.preflight and settings.PREFLIGHT:
             preflight(
                 body, suite, EgressPolicy.parse(settings.EGRESS_ALLOWLIST), resolver=request.app.state.egress_resolver
@@ -376,9 +412,11 @@ def download_task_file(
     attempt: AttemptQuery = None,
 ) -> FileResponse:
     evaluation = owned(state, caller, evaluation_id)
-    base = store.output_dir(evaluation_id, task_index, _attempt(state, evaluation, task_index, attempt)).resolve()
+    chosen = _attempt(state, evaluation, task_index, attempt)
+    base = store.output_dir(evaluation_id, task_index, chosen).resolve()
     path = (base / name.removeprefix("./").removeprefix("output/")).resolve()
     if not path.is_relative_to(base) or not path.is_file():
+        store.check_kept(evaluation_id, [(task_index, chosen)])  # 410 when retention removed it
         raise ArtifactNotFoundError(
             f"task {task_index} saved no file {name!r}; list them with GET .../tasks/{task_index}/files"
         )
@@ -402,6 +440,7 @@ def download_archive(evaluation_id: str, caller: Caller, state: StateDep, store:
         "results.json": results.model_dump_json(indent=1).encode(),
     }
     attempts = list(state.task_attempts(evaluation.id, evaluation.tasks).items())
+    store.check_kept(evaluation.id, attempts)  # 410 before streaming: an archive without the removed files would lie
     return StreamingResponse(
         stream_archive(store, evaluation.id, documents, attempts),
         media_type=ARCHIVE_MEDIA_TYPE,
