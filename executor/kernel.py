@@ -212,9 +212,9 @@ class KernelClient:
                     message: dict[str, Any] = decode_v1(raw)
                 else:
                     message = json.loads(raw if isinstance(raw, str) else raw.decode("utf-8"))
-            except (ValueError, UnicodeDecodeError) as exc:
+            except (ValueError, UnicodeDecodeError, RecursionError) as exc:
                 raise SandboxUnavailableError(f"the kernel gateway sent a malformed message: {exc}") from exc
-            return message
+            return shaped(message)
 
     def _send(self, message: dict[str, Any]) -> None:
         assert self._ws is not None
@@ -439,6 +439,50 @@ class KernelClient:
         self.kernel_id = None
         if self._owns_http:
             self._http.close()
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def shaped(message: Any) -> dict[str, Any]:
+    """``message`` in the shape the client reads, whatever it was: the model's own code can send any message on
+    the kernel's channels (``get_ipython().kernel.session.send(...)``), so a field of the wrong type is dropped,
+    never trusted. The header, parent header and content are objects; the fields this client reads have their
+    types (a ``display_data`` whose ``data`` is text loses it; a traceback keeps only its text lines). Raises
+    nothing."""
+    message = _mapping(message)
+    header, parent = _mapping(message.get("header")), _mapping(message.get("parent_header"))
+    content = dict(_mapping(message.get("content")))
+    msg_type = _text(message.get("msg_type")) or _text(header.get("msg_type"))
+    if msg_type in ("display_data", "execute_result", "update_display_data"):
+        content["data"] = {k: v for k, v in _mapping(content.get("data")).items() if isinstance(k, str)}
+        content["metadata"] = _mapping(content.get("metadata"))
+    elif msg_type == "stream":
+        content["text"], content["name"] = _text(content.get("text")), _text(content.get("name")) or "stdout"
+    elif msg_type == "error":
+        traceback = content.get("traceback")
+        content["traceback"] = (
+            [line for line in traceback if isinstance(line, str)] if isinstance(traceback, list) else []
+        )
+        content["ename"], content["evalue"] = _text(content.get("ename")) or "Error", _text(content.get("evalue"))
+    elif msg_type == "status":
+        content["execution_state"] = _text(content.get("execution_state"))
+    elif msg_type == "execute_reply":
+        content["status"] = _text(content.get("status"))
+        content["user_expressions"] = _mapping(content.get("user_expressions"))
+    return {
+        **message,
+        "msg_type": msg_type,
+        "header": header,
+        "parent_header": parent,
+        "content": content,
+        "metadata": _mapping(message.get("metadata")),
+    }
 
 
 def _type(message: dict[str, Any]) -> str:

@@ -151,6 +151,10 @@ METADATA_KEY = "pbe_probe"
 ``execute_reply``'s metadata."""
 
 
+MAX_READING_CHARS = 4096
+"""A probe's reading is a short JSON object; anything longer is not one (read no further)."""
+
+
 def parse_reply(reply: dict[str, Any], key: str) -> tuple[ProbeReading | None, bool]:
     """Read the probe from an ``execute_reply`` message: from its metadata (the sandbox image's kernel), else
     from the user expression ``key``.
@@ -166,13 +170,18 @@ def parse_reply(reply: dict[str, Any], key: str) -> tuple[ProbeReading | None, b
     if not isinstance(entry, dict) or entry.get("status") != "ok":
         return None, False
     try:
-        text = ast.literal_eval(entry["data"]["text/plain"])
-    except (KeyError, ValueError, TypeError, SyntaxError):
+        shown = entry["data"]["text/plain"]
+        if not isinstance(shown, str) or len(shown) > MAX_READING_CHARS:  # the cell's code may have replaced it
+            return None, False
+        text = ast.literal_eval(shown)
+    except (KeyError, ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
         return None, False
     return _reading(text), False
 
 
 def _reading(text: Any) -> ProbeReading | None:
+    if not isinstance(text, str) or len(text) > MAX_READING_CHARS:
+        return None
     try:
         values = json.loads(text)
         cpu = values.get("cpu_s")
@@ -181,5 +190,5 @@ def _reading(text: Any) -> ProbeReading | None:
             peak_bytes=int(values["peak_bytes"]),
             scope=str(values.get("scope", "")),
         )
-    except (KeyError, ValueError, TypeError, AttributeError):
+    except (KeyError, ValueError, TypeError, AttributeError, RecursionError):
         return None

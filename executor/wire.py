@@ -31,7 +31,7 @@ def decode_v1(frame: bytes) -> dict[str, Any]:
     """Decode a frame into a message dict with ``msg_type`` and ``channel`` set; binary buffers are dropped.
 
     Raises:
-        ValueError: the frame is not a v1 message (too short, offsets out of order, bad JSON).
+        ValueError: the frame is not a v1 message (too short, offsets out of order).
     """
     if len(frame) < 8:
         raise ValueError("a v1 frame is at least 8 bytes")
@@ -41,8 +41,18 @@ def decode_v1(frame: bytes) -> dict[str, Any]:
     offsets = [int.from_bytes(frame[8 * (i + 1) : 8 * (i + 2)], "little") for i in range(count)]
     if offsets != sorted(offsets) or offsets[-1] > len(frame):
         raise ValueError("a v1 frame's offsets are out of order")
-    message: dict[str, Any] = {"channel": frame[offsets[0] : offsets[1]].decode()}
+    message: dict[str, Any] = {"channel": frame[offsets[0] : offsets[1]].decode(errors="replace")}
     for index, name in enumerate(_PARTS, start=1):
-        message[name] = json.loads(frame[offsets[index] : offsets[index + 1]] or b"{}")
-    message["msg_type"] = message["header"].get("msg_type", "")
+        message[name] = _part(frame[offsets[index] : offsets[index + 1]])
+    header = message["header"]
+    message["msg_type"] = header.get("msg_type", "") if isinstance(header, dict) else ""
     return message
+
+
+def _part(data: bytes) -> Any:
+    """One JSON part of a frame; a part that is not JSON is empty (the kernel's session sends a content given as
+    text as it is, and the model's code can make it do so): the message stays readable, its content dropped."""
+    try:
+        return json.loads(data or b"{}")
+    except (ValueError, RecursionError):
+        return {}

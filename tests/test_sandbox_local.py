@@ -13,7 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from executor.kernel import KernelClient
+from executor.kernel import KernelClient, shaped
+from executor.output import CellOutput
 from executor.settings import ExecutorSettings
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
 from services.sandbox.base import DEFAULT_MAX_TREE_BYTES, TREES_AT_ONCE, SandboxSpec, Tree
@@ -280,3 +281,56 @@ def test_sessions_that_end_together_collect_their_output_a_few_at_a_time(
         trees = list(pool.map(lambda _: counting.collect_tree(sandbox, "/workspace/output"), range(12)))
     assert all(tree.files == {"a.txt": b"a"} for tree in trees)
     assert counting.most == TREES_AT_ONCE
+
+
+ODD_MESSAGES = """
+from ipykernel.kernelbase import Kernel
+kernel = get_ipython().kernel
+parent = kernel.get_parent()
+for msg_type, content in [
+    ("display_data", {"data": "text, not an object", "metadata": []}),
+    ("execute_result", {"data": {"text/plain": 7, "image/png": ["not", "text"]}, "execution_count": "x"}),
+    ("stream", {"name": ["stdout"], "text": {"not": "text"}}),
+    ("error", {"ename": None, "evalue": 3, "traceback": "not a list"}),
+    ("status", {"execution_state": {"idle": True}}),
+    ("display_data", "content that is not an object"),
+]:
+    kernel.session.send(kernel.iopub_socket, msg_type, content, parent=parent)
+print("after the odd messages")
+"""
+
+
+def test_odd_kernel_messages_sent_by_the_models_code_end_nothing(backend: LocalSandboxBackend) -> None:
+    """The model's code may send any message on the kernel's channels; the client shapes each before reading it,
+    so the cell ends normally with what could be read, and the next cell runs."""
+    handle = backend.start(spec(evaluation_id=f"local-{uuid.uuid4().hex[:8]}"))
+    kernel = KernelClient(handle.url, handle.token)
+    try:
+        kernel.start()
+        execution, output = kernel.execute(ODD_MESSAGES, timeout_s=60)
+        assert "after the odd messages" in "".join(item.text for item in output.items)
+        assert not execution.timed_out
+        again, more = kernel.execute("print(6 * 7)", timeout_s=60)
+        assert again.ok and more.items[-1].text.strip() == "42"
+    finally:
+        kernel.close()
+        backend.stop(handle)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        None,
+        [],
+        {"header": "x", "parent_header": 5, "content": [], "msg_type": 3},
+        {"msg_type": "display_data", "content": {"data": "text"}},
+        {"msg_type": "error", "content": {"traceback": [1, "line", None], "ename": 2}},
+        {"header": {"msg_type": "stream"}, "content": {"text": b"bytes", "name": None}},
+    ],
+)
+def test_shaped_gives_the_types_the_client_reads(message: object) -> None:
+    result = shaped(message)
+    assert isinstance(result["header"], dict) and isinstance(result["parent_header"], dict)
+    assert isinstance(result["content"], dict) and isinstance(result["msg_type"], str)
+    output = CellOutput()
+    output.add(result["msg_type"], result["content"])  # reads every field it knows without an error

@@ -47,3 +47,12 @@ def test_binary_buffers_after_the_content_are_dropped() -> None:
 def test_a_malformed_frame_is_a_value_error(frame: bytes) -> None:
     with pytest.raises(ValueError):
         decode_v1(frame)
+
+
+def test_a_part_that_is_not_json_is_empty_and_the_message_stays_readable() -> None:
+    """The kernel's session sends a content given as text as it is (the model's code can make it)."""
+    parts = [b'{"msg_type": "display_data"}', b"{}", b"{}", b"content that is not an object"]
+    decoded = decode_v1(_server_layout("iopub", parts))
+    assert decoded["msg_type"] == "display_data" and decoded["content"] == {}
+    nested = decode_v1(_server_layout("iopub", [b"[" * 100_000, b"{}", b"{}", b"{}"]))
+    assert nested["msg_type"] == "" and nested["header"] == {}
