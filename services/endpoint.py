@@ -270,6 +270,13 @@ class Reply:
     def _unanswered(self) -> ModelUnreachableError:
         if isinstance(self.failure, EgressRefusedError):
             return ModelUnreachableError(f"the {self.role} endpoint {self.url} is not allowed: {self.failure}")
+        if isinstance(self.failure, DeadlineExceededError):
+            setting = " (PBE_MODEL_DEADLINE_S)" if self.role == "model" else ""
+            return ModelUnreachableError(
+                f"the {self.role} endpoint {self.url} was still sending its answer at the deadline{setting}: "
+                f"{self.failure}, {_attempts(self.requests)}; check the endpoint, or raise the deadline if it is "
+                "only slow"
+            )
         return ModelUnreachableError(
             f"the {self.role} endpoint {self.url} did not answer after {_attempts(self.requests)} "
             f"({type(self.failure).__name__}); check that it is up and reachable from this host"
