@@ -20,9 +20,12 @@ import contextlib
 import functools
 import json
 import os
+import secrets
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -265,22 +268,47 @@ def checker_sources() -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in (Path(__file__), MODEL_LOADER)}
 
 
-def _load_pickle(path: Path, root: Path, with_joblib: bool, data: Path | None = None) -> tuple[int, list[str]]:
-    """Run ``model_loader.py`` on ``path`` in a child interpreter; return its exit code and its output's last lines."""
+def _load_pickle(
+    path: Path, root: Path, with_joblib: bool, data: Path | None = None, nonce: str = ""
+) -> tuple[int, list[str]]:
+    """Run ``model_loader.py`` on ``path`` in a child interpreter (given ``data``, with ``nonce`` on its stdin);
+    return its exit code and its output's last lines. Whatever the child left running is then killed."""
     how = "joblib" if with_joblib else "pickle"
     table = [str(data), str(PREDICT_ROWS), "excel" if data.suffix.lower() in EXCEL_SUFFIXES else "csv"] if data else []
     with tempfile.TemporaryFile() as log:
-        finished = subprocess.run(
-            [sys.executable, "-I", "-B", "-u", str(MODEL_LOADER), str(path), how, *table],
-            cwd=root,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            check=False,
-        )
+        try:
+            finished = subprocess.run(
+                [sys.executable, "-I", "-B", "-u", str(MODEL_LOADER), str(path), how, *table],
+                cwd=root,
+                input=f"{nonce}\n".encode() if data else None,
+                stdin=None if data else subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                check=False,
+            )
+        finally:
+            _end_strays()
         log.seek(max(0, log.seek(0, os.SEEK_END) - 4096))
         lines = [line.strip() for line in log.read().decode(errors="replace").splitlines() if line.strip()]
     return finished.returncode, lines
+
+
+def _end_strays() -> None:
+    """Kill every other process, and reap them: what a pickle's code may have left running (``pickle_loads``
+    runs it) must not outlive its check, to read a later loader's nonce or write into its output. Only as
+    process 1, the grading sandbox's checker, whose processes are all its own; elsewhere (the checker run by
+    hand, or by a test on this machine) it does nothing. Best effort: gives up after about a second."""
+    if os.getpid() != 1:
+        return
+    for _ in range(100):
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        try:
+            os.kill(-1, signal.SIGKILL)  # every process this one may signal, bar itself
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
 
 
 def _joblib_param(check: dict[str, Any]) -> bool:
@@ -320,20 +348,28 @@ def model_predicts(check: dict[str, Any], root: Path) -> Outcome:
     by suffix) without raising; the features are the columns the model says it was fitted on
     (``model_loader.features_of``). With ``joblib``, ``joblib.load`` is also tried when ``pickle.load`` gives no
     model. An unfitted estimator fails, as does anything without ``predict`` (the ``int`` a pickle's code
-    returned); the detail names the loaded type and what was predicted on. It runs in the child interpreter of
-    ``pickle_loads``: a pickle's code can fake a model there, never another check's result.
+    returned); the detail names the loaded type and what was predicted on.
+
+    Unlike ``pickle_loads``, it runs none of the pickle's code: the child interpreter unpickles with
+    ``model_loader.RestrictedUnpickler``, and a pickle that names anything but a model library's class or
+    reconstructor fails with ``refused: the pickle names posix.system, ...``. Only the child's lines that start
+    with a fresh nonce (given on its stdin) count, so nothing else that writes to its output can pass the check.
     """
     path = _file(check, root)
     with_joblib = _joblib_param(check)
     data = resolve(root, check.get("data"), "data")
     if not data.is_file():
         raise CheckFailed(f"the task's input {check.get('data')} is missing from the grading sandbox")
-    code, lines = _load_pickle(path, root, with_joblib, data)
-    loaded = next((line for line in reversed(lines) if line.startswith("loaded a ")), None)
+    nonce = secrets.token_hex(16)
+    code, lines = _load_pickle(path, root, with_joblib, data, nonce)
+    said = [line.removeprefix(nonce).strip() for line in lines if line.startswith(f"{nonce} ")]
+    lines = [line.removeprefix(nonce).strip() for line in lines]
+    loaded = next((line for line in reversed(said) if line.startswith("loaded a ")), None)
     if loaded is None:
-        return False, _load_failed(code, lines, with_joblib)
-    if code == 0 and lines[-1].startswith("predicted "):
-        return True, f"{loaded}: {lines[-1]}"
+        refused = bool(said) and said[-1].startswith("refused: ")
+        return False, said[-1] if refused else _load_failed(code, lines, with_joblib)
+    if code == 0 and said[-1].startswith("predicted "):
+        return True, f"{loaded}: {said[-1]}"
     if code < 0:
         return False, f"{loaded}: the predicting process was killed by signal {-code}"
     return False, f"{loaded}: {lines[-1] if lines[-1] != loaded else f'exit code {code}'}"
