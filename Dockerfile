@@ -30,4 +30,9 @@ WORKDIR /app
 # The gateway, the grader and the replay model run as the unprivileged user; the executor worker runs as
 # root in its container only because it needs the Docker socket (compose sets `user:` per service).
 USER pbe
+# The build the manifests name (make images passes the project's version and commit); last, so a new commit
+# rebuilds nothing but this.
+ARG BUILD_VERSION=unknown
+ARG BUILD_COMMIT=unknown
+ENV PBE_SERVICE_VERSION=${BUILD_VERSION}+${BUILD_COMMIT}
 CMD ["uvicorn", "--factory", "gateway.app:create_app", "--host", "0.0.0.0", "--port", "8080"]

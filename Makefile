@@ -15,6 +15,9 @@ LOCAL_BASE := pybench-eval/bookworm-base:latest
 BASE_IMAGE ?= $(LOCAL_BASE)
 REDIS_BASE_IMAGE ?= $(BASE_IMAGE)
 PBE_SUITE_DIR ?= $(abspath ../shared/pybench)
+# The build the manifests name: the project's version and the commit (".dirty" with uncommitted changes).
+BUILD_VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+BUILD_COMMIT := $(shell c=$$(git rev-parse --short=12 HEAD 2>/dev/null) && { git diff --quiet HEAD 2>/dev/null && echo $$c || echo $$c.dirty; } || echo unknown)
 DOCKER_GID ?= $(shell stat -c %g /var/run/docker.sock 2>/dev/null || echo 999)
 PBE_GATEWAY_PORT ?= 8080
 DEMO_TASKS ?= 13,16,30,44,77,90,103,112,121,134,135
@@ -67,7 +70,8 @@ wheels: ## Download the images' Python packages into local wheelhouses (for Pyth
 	@bash scripts/stage-wheels.sh staged/wheels -r requirements-app.txt
 
 images: base-image wheels ## Build the app, sandbox and redis images (layers are reused when nothing changed)
-	docker build -q --force-rm --build-arg BASE_IMAGE=$(BASE_IMAGE) -t pybench-eval/app:latest .
+	docker build -q --force-rm --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg BUILD_VERSION=$(BUILD_VERSION) \
+	  --build-arg BUILD_COMMIT=$(BUILD_COMMIT) -t pybench-eval/app:latest .
 	docker build -q --force-rm --build-arg BASE_IMAGE=$(BASE_IMAGE) -t pybench-eval/sandbox:latest services/sandbox/image
 	docker build -q --force-rm --build-arg BASE_IMAGE=$(REDIS_BASE_IMAGE) -t pybench-eval/redis:latest docker/redis
 

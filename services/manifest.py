@@ -2,9 +2,13 @@
 system prompt, sampling, limits, mode, the sandbox image, the judge), recorded once when it is accepted, and the
 key that says which runs are comparable (the leaderboard ranks only runs with the same key together)."""
 
+import functools
 import hashlib
 import json
+import os
+import subprocess
 from importlib import metadata
+from pathlib import Path
 
 from services.components import SANDBOX_IMAGE, judge_prompt_key
 from services.evaluation import EvaluationCreate, RunManifest
@@ -13,12 +17,42 @@ from services.suite import Suite
 PACKAGE = "pybench-eval"
 
 
+VERSION_VARIABLE = "PBE_SERVICE_VERSION"
+"""Set in the application image at its build (``<version>+<commit>``, from ``make images``)."""
+
+TREE = Path(__file__).resolve().parent.parent
+
+
+@functools.cache
 def service_version() -> str:
-    """The installed package's version, or ``unknown`` when it runs from a tree that was never installed."""
+    """The running build, ``<version>+<commit>``: the image's ``PBE_SERVICE_VERSION`` where it was built with one;
+    else the installed package's version and the checkout's commit (``+unknown`` outside a git checkout, and
+    ``unknown`` alone when the package was never installed). Raises nothing."""
+    built = os.environ.get(VERSION_VARIABLE, "").strip()
+    if built and not built.startswith("unknown"):
+        return built
     try:
-        return metadata.version(PACKAGE)
+        version = metadata.version(PACKAGE)
     except metadata.PackageNotFoundError:
         return "unknown"
+    return f"{version}+{_commit(TREE)}"
+
+
+def _commit(tree: Path) -> str:
+    """The checkout's commit (12 hex digits, ``.dirty`` with uncommitted changes), or ``unknown``."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(tree), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(
+            ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=5,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.stdout.strip() + (".dirty" if dirty.stdout.strip() else "")
 
 
 def _sha256(text: str) -> str:

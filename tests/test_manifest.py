@@ -2,6 +2,8 @@
 together, token totals and cost. Real Redis, the gateway app, the suite on disk."""
 
 import hashlib
+import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,9 +16,12 @@ from redis import Redis
 from gateway.app import create_app
 from services.components import SANDBOX_IMAGE, advertise, judge_prompt_key
 from services.lifecycle import TaskLifecycle
+from services.manifest import service_version
 from services.suite import load_suite
 from services.verdict import Verdict, VerdictStatus
 from tests.fixtures import ADMIN_KEY, BODY, gateway_settings
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture()
@@ -70,7 +75,10 @@ def test_the_manifest_records_what_the_run_ran_with(api: httpx.Client, redis_cli
         "absolute",
         "j1",
     )
-    assert manifest["service_version"] != ""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True)
+    commit = head.stdout.strip() if head.returncode == 0 else "unknown"  # a tree without .git: unknown
+    assert re.fullmatch(r"\d+\.\d+\.\d+\+([0-9a-f]{12}(\.dirty)?|unknown)", manifest["service_version"]), manifest
+    assert manifest["service_version"].split("+")[1].startswith(commit)
     assert api.get(f"/v1/evaluations/{evaluation['id']}").json()["evaluation"]["manifest"] == manifest
 
 
@@ -115,3 +123,15 @@ def test_a_small_run_never_outranks_a_full_one_and_rows_carry_categories_and_cos
 def test_prices_must_be_whole(api: httpx.Client) -> None:
     response = api.post("/v1/evaluations", json={**BODY, "prices": {"input_per_million": 1}})
     assert response.status_code == 422 and "output_per_million" in response.text
+
+
+def test_the_service_version_names_the_image_build_where_there_is_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    service_version.cache_clear()
+    try:
+        monkeypatch.setenv("PBE_SERVICE_VERSION", "0.1.0+0123456789ab")
+        assert service_version() == "0.1.0+0123456789ab"
+        service_version.cache_clear()
+        monkeypatch.setenv("PBE_SERVICE_VERSION", "unknown+unknown")  # an image built without the build arguments
+        assert service_version().startswith("0.1.0+") and "unknown+unknown" not in service_version()
+    finally:
+        service_version.cache_clear()
