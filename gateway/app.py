@@ -17,7 +17,7 @@ from gateway.bodylimit import BodySizeLimit
 from gateway.dashboard.pages import install_dashboard
 from gateway.observe import install_metrics
 from gateway.problems import install_problem_handlers, problem_response
-from gateway.routers import evaluations, leaderboard, suites
+from gateway.routers import compare, evaluations, leaderboard, suites
 from gateway.settings import GatewaySettings
 from gateway.streams import OpenStreams
 from services.logs import LOG_FORMAT_VARIABLE, configure_logging
@@ -65,6 +65,7 @@ def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = 
     app.include_router(evaluations.router)
     app.include_router(suites.router)
     app.include_router(leaderboard.router)
+    app.include_router(compare.router)
     if os.environ.get(LOG_FORMAT_VARIABLE, "").strip().lower() == "json":
         configure_logging("json")
 

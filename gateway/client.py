@@ -294,6 +294,11 @@ class GatewayClient:
         result: list[dict[str, Any]] = self._call("GET", "/v1/leaderboard")
         return result
 
+    def compare(self, a: str, b: str) -> dict[str, Any]:
+        """The paired comparison of evaluation ``b`` against ``a`` (``GET /v1/compare``; differences are B - A)."""
+        result: dict[str, Any] = self._call("GET", "/v1/compare", params={"a": a, "b": b})
+        return result
+
     def suite_tasks(self, suite: str) -> list[dict[str, Any]]:
         """A suite's tasks: ``index``, ``paper_category``, ``category1``, ``available``."""
         result: list[dict[str, Any]] = self._call("GET", f"/v1/suites/{suite}/tasks")

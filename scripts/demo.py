@@ -13,6 +13,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gateway.cli.report import interval_text  # noqa: E402
 from gateway.client import GatewayClient  # noqa: E402
 
 
@@ -64,6 +65,8 @@ def main() -> int:
     )
     for name, category in metrics["per_category"].items():
         print(f"  {name:<12} {category['passed']}/{category['tasks']}")
+    for grading, parts in results.get("statistics", {}).items():
+        print(f"{grading} tests: {interval_text(parts['all'])} (95% interval over the tasks decided)")
     client.close()
     print(f"\ndashboard: {args.gateway.rstrip('/')}/dashboard/evaluations/{evaluation_id}")
     print(f"  (sign in with the API key in ${args.key_env}; `make down` stops the stack)")

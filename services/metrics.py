@@ -8,6 +8,7 @@ tasks the grading could decide. Both gradings are reported: ``original`` at the 
 from collections.abc import Sequence
 from statistics import fmean
 
+from services.comparison import estimates
 from services.evaluation import Prices
 from services.task import PAPER_CATEGORIES
 from services.verdict import (
@@ -140,5 +141,9 @@ def build_results(evaluation_id: str, verdicts: list[Verdict], complete: bool, p
     ``prices``, the submission's)."""
     ordered = sorted(verdicts, key=lambda v: v.task_index)
     return Results(
-        evaluation_id=evaluation_id, complete=complete, verdicts=ordered, metrics=compute_metrics(ordered, prices)
+        evaluation_id=evaluation_id,
+        complete=complete,
+        verdicts=ordered,
+        metrics=compute_metrics(ordered, prices),
+        statistics=estimates([ordered]),
     )

@@ -2,6 +2,7 @@
 
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -225,3 +226,8 @@ class Results(BaseModel):
     complete: bool
     verdicts: list[Verdict]
     metrics: Metrics
+    statistics: dict[str, Any] = Field(default_factory=dict)
+    """Per grading (``original``, ``fixed``, and ``judge`` when judged), over the suite (``all``) and per category:
+    the mean pass rate over the tasks the grading decided (infrastructure failures, unavailable and ungradable
+    tasks left out of the denominator and counted as ``excluded``), its standard error clustered by task, a 95%
+    confidence interval (``ci_low``, ``ci_high``), pass@k and pass^k (``services.estimates``; docs/protocol.md)."""

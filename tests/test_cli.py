@@ -676,3 +676,24 @@ def test_keys_are_made_listed_and_revoked_server_side(
     assert "revoked" in cli("keys", "list").out
     assert cli("keys", "revoke", "nosuch").status == 1
     assert_one_error_line(cli("keys"), 2, "keys needs a command")
+
+
+def test_compare_prints_the_paired_difference_and_results_print_the_intervals(
+    cli: Callable[..., Run], client: GatewayClient, redis_client: Redis
+) -> None:
+    tasks = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    a, b = submit(client, tasks), submit(client, tasks)
+    lifecycle = TaskLifecycle(redis_client)
+    for index in tasks:  # A passes task 2 only; B every other task: discordant 1 and 9, p = 22/1024
+        for evaluation_id, passed in ((a, index == 2), (b, index != 2)):
+            status = VerdictStatus.PASSED if passed else VerdictStatus.FAILED
+            lifecycle.record_verdict(
+                Verdict(evaluation_id=evaluation_id, task_index=index, attempt=1, paper_category="Chart", status=status)
+            )
+    run = cli("compare", a, b)
+    assert run.status == 0, run.err
+    (overall,) = [line for line in run.out.splitlines() if line.split()[:2] == ["original", "all"]]
+    assert "80.0" in overall and "0.02148" in overall and "mcnemar-exact" in overall
+    shown = cli("results", b)
+    assert shown.status == 0 and "original: 90.0% [" in shown.out and "over 10 tasks" in shown.out
+    assert cli("compare", a, a).status != 0

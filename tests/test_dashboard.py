@@ -15,9 +15,10 @@ from gateway.app import create_app
 from gateway.dashboard.access import COOKIE, LOGIN_COOKIE
 from gateway.settings import GatewaySettings
 from services.apikeys import ApiKeyStore
+from services.lifecycle import TaskLifecycle
 from services.state import StateStore
 from services.store import ArtifactStore
-from services.verdict import VerdictStatus
+from services.verdict import Verdict, VerdictStatus
 from tests import dashboard_data as data
 from tests.fixtures import ADMIN_KEY, gateway_settings
 
@@ -291,3 +292,23 @@ def test_dashboard_requests_count_against_the_keys_rate_like_the_api(
         assert "6 requests a minute" in over.text
         api = browser.get("/v1/evaluations", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
         assert api.status_code == 429, "the API shares the key's count with its dashboard"
+
+
+def test_the_evaluation_page_states_each_rate_with_its_interval(
+    settings: GatewaySettings, api: TestClient, redis_client: Redis
+) -> None:
+    """3 of 10 tasks pass: 30.0% with the t interval [0.0, 64.6] (0.3 + 2.262 x 0.1528, clipped below at 0)."""
+    tasks = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    body = {"model": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}, "tasks": tasks, "prompt": "gpt"}
+    evaluation_id = api.post("/v1/evaluations", json=body).json()["evaluation"]["id"]
+    lifecycle = TaskLifecycle(redis_client)
+    for index in tasks:
+        status = VerdictStatus.PASSED if index in (2, 3, 4) else VerdictStatus.FAILED
+        lifecycle.record_verdict(
+            Verdict(evaluation_id=evaluation_id, task_index=index, attempt=1, paper_category="Chart", status=status)
+        )
+    with _client(settings) as browser:
+        sign_in(browser, ADMIN_KEY)
+        page = browser.get(f"/dashboard/evaluations/{evaluation_id}")
+    assert page.status_code == 200
+    assert "30.0% [0.0–64.6] of 10" in page.text

@@ -149,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("leaderboard", "per model, its best and latest completed evaluation", commands.leaderboard)
 
+    compare = add("compare", "does B beat A on the same tasks? the paired difference and its p-value", commands.compare)
+    compare.add_argument("a", help="the evaluation compared against")
+    compare.add_argument("b", help="the evaluation compared (differences are B - A)")
+
     export = add("export", "write results.json, trajectory.jsonl and notebooks to a folder", commands.export_command)
     export.add_argument("id", help="the evaluation id")
     export.add_argument("--out", required=True, metavar="DIR", help="the folder to write (made if missing)")

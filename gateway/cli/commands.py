@@ -19,7 +19,7 @@ from . import preflight
 from .errors import CommandError, UsageError
 from .export import export
 from .printer import Printer
-from .report import manifest_line, print_pass_rates, print_tasks, summary_line, usage_line
+from .report import manifest_line, print_intervals, print_pass_rates, print_tasks, summary_line, usage_line
 from .watch import task_categories, watch
 
 MAX_PAGE = 100
@@ -151,6 +151,30 @@ def watch_command(args: argparse.Namespace, client: GatewayClient, printer: Prin
     return 0
 
 
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:+.1f}" if value < 0 else f"{100 * value:.1f}"
+
+
+def compare(args: argparse.Namespace, client: GatewayClient, printer: Printer) -> int:
+    """Print the paired comparison of two evaluations: per grading and category, B - A in points, its 95% interval,
+    the p-value and the test."""
+    raw = client.compare(args.a, args.b)
+    if args.json:
+        _print_json(printer, raw)
+        return 0
+    headers = ["grading", "category", "tasks", "B - A (points)", "95% interval", "p-value", "test"]
+    rows = []
+    for grading, parts in raw["gradings"].items():
+        for category, row in [("all", parts["all"]), *sorted(parts["per_category"].items())]:
+            interval = "-" if row["ci_low"] is None else f"[{_percent(row['ci_low'])}, {_percent(row['ci_high'])}]"
+            p_value = "-" if row["p_value"] is None else f"{row['p_value']:.4g}"
+            rows.append([grading, category, str(row["tasks"]), _percent(row["difference"]), interval, p_value,
+                         row["test"] or "-"])  # fmt: skip
+    models = raw["models"]
+    printer.table(headers, rows, title=f"B {args.b} ({models['b']}) against A {args.a} ({models['a']})")
+    return 0
+
+
 def results(args: argparse.Namespace, client: GatewayClient, printer: Printer) -> int:
     raw = client.results(args.id)
     if args.json:
@@ -173,6 +197,7 @@ def results(args: argparse.Namespace, client: GatewayClient, printer: Printer) -
         printer.line(manifest_line(manifest))
     printer.line()
     print_pass_rates(printer, document.metrics)
+    print_intervals(printer, document.statistics)
     print_tasks(printer, document, states, categories)
     return 0
 

@@ -34,6 +34,23 @@ def _total(per_category: dict[str, CategoryMetrics]) -> CategoryMetrics:
     )
 
 
+def interval_text(row: dict[str, Any]) -> str:
+    """A rate with its 95% interval and what it is over: ``62.5% [41.0, 84.0] over 8 tasks (2 excluded)``."""
+    if row.get("mean") is None:
+        return "no task decided"
+    text = f"{100 * row['mean']:.1f}%"
+    if row.get("ci_low") is not None:
+        text += f" [{100 * row['ci_low']:.1f}, {100 * row['ci_high']:.1f}]"
+    text += f" over {row['tasks']} tasks"
+    return text + (f" ({row['excluded']} excluded)" if row.get("excluded") else "")
+
+
+def print_intervals(printer: Printer, statistics: dict[str, Any]) -> None:
+    """Each grading's pass rate over the tasks it decided, with its 95% confidence interval (clustered by task)."""
+    for grading, parts in statistics.items():
+        printer.line(f"{grading}: {interval_text(parts['all'])} (95% interval, infrastructure failures excluded)")
+
+
 def print_pass_rates(printer: Printer, metrics: Metrics) -> None:
     """Per paper category and over all: the original grading's pass rates (over every task, over the gradable
     ones), the fixed grading's and, with a judge, the LLM's."""

@@ -31,6 +31,17 @@ SECURITY_HEADERS = {
 }
 
 
+def interval(row: dict[str, Any] | None) -> str:
+    """A rate with its 95% interval and what it is over (``services.estimates``' fields): ``62.5% [41.0-84.0] of
+    8``, or a dash when no task was decided."""
+    if not row or row.get("mean") is None:
+        return "–"
+    text = percent(row["mean"])
+    if row.get("ci_low") is not None:
+        text += f" [{100 * row['ci_low']:.1f}–{100 * row['ci_high']:.1f}]"
+    return f"{text} of {row['tasks']}"
+
+
 def percent(value: float | None, digits: int = 1) -> str:
     """``0.1234`` as ``12.3%``; None as an en dash."""
     return "–" if value is None else f"{value * 100:.{digits}f}%"
@@ -67,7 +78,7 @@ def environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(percent=percent, seconds=seconds, count=count, when=when)
+    env.filters.update(percent=percent, seconds=seconds, count=count, when=when, interval=interval)
     env.globals["base"] = BASE
     return env
 
