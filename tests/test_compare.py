@@ -1,6 +1,7 @@
 """Paired comparison over REST (``GET /v1/compare``) and the statistics in every results document: values worked
 by hand, comparable runs only, completed runs only, another key's runs invisible."""
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,3 +98,36 @@ def test_only_completed_comparable_runs_that_the_key_may_see_are_compared(
     assert hidden.status_code == 404
     malformed = api.get("/v1/compare", params={"a": a, "b": "x:tasks"})
     assert malformed.status_code == 422
+
+
+def test_the_leaderboard_gives_each_rate_its_interval_and_marks_who_is_not_separable_from_the_leader(
+    api: TestClient, redis_client: Redis, suite_path: Path
+) -> None:
+    # Leader "a" passes all ten; "b" passes nine (discordant 1 and 0: p = 1, not separable); "c" passes one
+    # (discordant 9 and 0: p = 2 / 2^9 = 0.00390625, separable).
+    for model, passed in (("a", set(TASKS)), ("b", set(TASKS) - {2}), ("c", {2})):
+        _run(api, redis_client, suite_path, passed, model={"base_url": "http://127.0.0.1:9/v1", "model": model})
+    board = {row["model"]: row for row in api.get("/v1/leaderboard").json()}
+    assert [board[m]["rank"] for m in "abc"] == [1, 2, 3]
+    assert board["a"]["p_value_vs_leader"] is None and board["a"]["separable_from_leader"] is None
+    assert board["b"]["p_value_vs_leader"] == pytest.approx(1.0) and board["b"]["separable_from_leader"] is False
+    assert board["c"]["p_value_vs_leader"] == pytest.approx(2 / 512, abs=1e-6)
+    assert board["c"]["separable_from_leader"] is True
+    # "b": 9 of 10, SE = sqrt((0.81 + 9 * 0.01) / 90) = 0.1; interval 0.9 -/+ 2.262157 * 0.1, clipped at 1.
+    assert board["b"]["best"]["ci_low"] == pytest.approx(0.9 - 0.2262157, abs=1e-5)
+    assert board["b"]["best"]["ci_high"] == 1.0
+
+
+def test_the_dashboards_leaderboard_shows_the_intervals_and_who_is_not_separable(
+    redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path, api: TestClient
+) -> None:
+    for model, passed in (("a", set(TASKS)), ("b", set(TASKS) - {2})):
+        _run(api, redis_client, suite_path, passed, model={"base_url": "http://127.0.0.1:9/v1", "model": model})
+    with TestClient(create_app(gateway_settings(redis_url, suite_path, tmp_path)), follow_redirects=False) as browser:
+        form = browser.get("/dashboard/login")
+        token = re.search(r'name="csrf" value="([^"]+)"', form.text)
+        assert token is not None
+        browser.post("/dashboard/login", data={"key": ADMIN_KEY, "next": "/dashboard/runs", "csrf": token.group(1)})
+        page = browser.get("/dashboard/leaderboard").text
+    assert "67.4%–100.0%" in page  # "b": 0.9 - 2.262157 x 0.1 = 0.674
+    assert "<em>not separable</em> (p = 1)" in page

@@ -14,13 +14,19 @@ from pydantic import BaseModel
 
 from gateway.auth import Caller
 from gateway.deps import StateDep
+from services.comparison import outcomes
+from services.estimates import compare, estimate
 from services.evaluation import Evaluation, EvaluationStatus
 from services.metrics import compute_metrics
+from services.verdict import Verdict
 
 router = APIRouter(prefix="/v1/leaderboard", tags=["leaderboard"])
 
 MAX_EVALUATIONS = 2000
 """How many of the newest evaluations the leaderboard reads."""
+
+SEPARABLE_P = 0.05
+"""A row is separable from its group's leader when the paired test's p-value is below this."""
 
 
 class Standing(BaseModel):
@@ -34,6 +40,9 @@ class Standing(BaseModel):
     avg_turns: float
     per_category: dict[str, float] = {}
     """The original grading's pass rate per PyBench category."""
+    ci_low: float | None = None
+    ci_high: float | None = None
+    """The 95% interval of the original grading's pass rate over the tasks it decided (``services.estimates``)."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float | None = None
@@ -52,6 +61,12 @@ class LeaderboardRow(BaseModel):
     evaluations: int
     best: Standing
     latest: Standing
+    p_value_vs_leader: float | None = None
+    """The paired test's p-value of this model's best run against the leader's, on the original grading (None for
+    the leader); see ``GET /v1/compare``."""
+    separable_from_leader: bool | None = None
+    """Whether that p-value is below ``SEPARABLE_P`` (None for the leader): False means the two are not told apart
+    by this suite, whatever their order."""
 
 
 def _group(evaluation: Evaluation) -> str:
@@ -67,13 +82,17 @@ def _group(evaluation: Evaluation) -> str:
 )
 def get_leaderboard(caller: Caller, state: StateDep) -> list[LeaderboardRow]:
     groups: dict[str, dict[str, list[tuple[Evaluation, Standing]]]] = {}
+    verdicts_of: dict[str, list[Verdict]] = {}
     owner = None if caller.admin else caller.id
     for evaluation_id, _ in state.evaluation_ids(owner, limit=MAX_EVALUATIONS):
         progress = state.progress(evaluation_id)
         if state.status(progress, evaluation_id) is not EvaluationStatus.COMPLETED:
             continue
         evaluation = state.get(evaluation_id)
-        metrics = compute_metrics(state.verdicts(evaluation_id), evaluation.prices)
+        verdicts = state.verdicts(evaluation_id)
+        metrics = compute_metrics(verdicts, evaluation.prices)
+        interval = estimate(outcomes([verdicts], "original"))
+        verdicts_of[evaluation_id] = verdicts
         standing = Standing(
             evaluation_id=evaluation_id,
             created_at=evaluation.created_at,
@@ -86,6 +105,8 @@ def get_leaderboard(caller: Caller, state: StateDep) -> list[LeaderboardRow]:
             prompt_tokens=metrics.prompt_tokens,
             completion_tokens=metrics.completion_tokens,
             cost_usd=metrics.cost_usd,
+            ci_low=interval.ci_low,
+            ci_high=interval.ci_high,
         )
         groups.setdefault(_group(evaluation), {}).setdefault(evaluation.model.model, []).append((evaluation, standing))
     board: list[LeaderboardRow] = []
@@ -112,6 +133,11 @@ def get_leaderboard(caller: Caller, state: StateDep) -> list[LeaderboardRow]:
         rows.sort(key=lambda row: row.best.pass_rate, reverse=True)
         for rank, row in enumerate(rows, start=1):
             row.rank = rank
+        leader = outcomes([verdicts_of[rows[0].best.evaluation_id]], "original")
+        for row in rows[1:]:
+            paired = compare(leader, outcomes([verdicts_of[row.best.evaluation_id]], "original"))
+            row.p_value_vs_leader = paired.p_value
+            row.separable_from_leader = None if paired.p_value is None else paired.p_value < SEPARABLE_P
         board += rows
     board.sort(key=lambda row: (-row.task_count, row.comparable_key, row.rank))
     return board
