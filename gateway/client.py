@@ -294,6 +294,11 @@ class GatewayClient:
         result: list[dict[str, Any]] = self._call("GET", "/v1/leaderboard")
         return result
 
+    def epochs(self, evaluation_id: str) -> dict[str, Any]:
+        """The run that ``evaluation_id`` is an epoch of: its epochs and its statistics."""
+        result: dict[str, Any] = self._call("GET", f"/v1/evaluations/{evaluation_id}/epochs")
+        return result
+
     def compare(self, a: str, b: str) -> dict[str, Any]:
         """The paired comparison of evaluation ``b`` against ``a`` (``GET /v1/compare``; differences are B - A)."""
         result: dict[str, Any] = self._call("GET", "/v1/compare", params={"a": a, "b": b})

@@ -23,6 +23,9 @@ the submission says otherwise (PyBench's own harness runs 16 at once)."""
 MAX_CONCURRENCY_LIMIT = 256
 """The most ``max_concurrency`` a submission may ask for."""
 
+MAX_EPOCHS = 10
+"""The most epochs one submission may ask for."""
+
 DEFAULT_PROMPT = "llama3"
 """The suite prompt for served open models: code between <|execute_start|> and <|execute_end|>."""
 
@@ -34,6 +37,9 @@ class Sampling(BaseModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     max_tokens: int | None = Field(default=None, ge=1, le=32768)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    """Sent to endpoints that accept one (vLLM, llama.cpp, OpenAI), for runs that can be repeated; each epoch of
+    a run gets its own (``services.epochs``)."""
 
 
 class Prices(BaseModel):
@@ -113,6 +119,15 @@ class EvaluationCreate(BaseModel):
         default=None, description="The judge's bearer token; never stored in clear."
     )
     prices: Prices | None = Field(default=None, description="USD per million tokens, for the results' cost.")
+    epochs: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_EPOCHS,
+        description="Independent runs of every task (each its own sessions, sandbox and attempts, each graded), as "
+        "evaluations of one run; their statistics (mean over epochs, clustered standard error, pass@k, pass^k) are "
+        "at GET /v1/evaluations/{id}/epochs. Each epoch gets its own sampling seed, derived from the run and the "
+        "epoch (or from sampling.seed when given), and a share of max_concurrency.",
+    )
     max_concurrency: int = Field(
         default=DEFAULT_MAX_CONCURRENCY,
         ge=1,
@@ -206,6 +221,11 @@ class Evaluation(BaseModel):
     judge: JudgeConfig | None = None
     has_judge_api_key: bool = False
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    run_id: str | None = None
+    """The run this evaluation is an epoch of (its first epoch's id); None for a run of one epoch."""
+    epoch: int = 1
+    epochs: int = 1
+    """How many epochs its run has."""
     """At most this many of its sessions run at once (``services.admission``)."""
     prices: Prices | None = None
     manifest: RunManifest | None = None

@@ -50,7 +50,7 @@ from services.queues import (
     session_job_id,
 )
 from services.secretbox import SecretBox
-from services.state import StateStore, evaluation_key, hold_keys, open_key
+from services.state import StateStore, evaluation_key, hold_keys, open_key, run_key
 from services.suite import Suite
 from services.verdict import Verdict, VerdictStatus
 
@@ -140,6 +140,8 @@ class TaskLifecycle:
         if set(evaluation.tasks) - set(evaluation.unavailable_tasks):  # open until they have all finished
             pipe.sadd(open_key(evaluation.owner), evaluation.id)
         hold_keys(pipe, self.state.secrets, evaluation.id, api_key, judge_api_key)
+        if evaluation.run_id is not None:
+            pipe.rpush(run_key(evaluation.run_id), evaluation.id)
         pipe.execute()
 
     def queue_sessions(self, evaluation: Evaluation) -> list[int]:

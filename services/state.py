@@ -14,6 +14,7 @@ Keys (all prefixed ``pbe:``)::
     pbe:evaluation:<id>:attempts          hash task index -> the attempt it is at (absent: 1)
     pbe:evaluation:<id>:verdicts          hash task index -> Verdict JSON (the latest attempt's)
     pbe:evaluation:<id>:cancelled         set when the evaluation was cancelled
+    pbe:run:<run id>                      list of the evaluations that are the epochs of a run, in epoch order
     pbe:secret:model-key:<id>             the model API key, kept apart from everything that is logged or
                                           enqueued (job payloads carry only the evaluation id), sealed
                                           (``services.secretbox``: never in Redis's files in plain text)
@@ -46,6 +47,11 @@ EVALUATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 def open_key(owner: str) -> str:
     """The set of ``owner``'s evaluations not finished yet (written by ``services.lifecycle``)."""
     return f"pbe:owner:{owner}:open"
+
+
+def run_key(run_id: str) -> str:
+    """The list of a run's epochs (written by ``services.lifecycle``)."""
+    return f"pbe:run:{run_id}"
 
 
 def evaluation_key(evaluation_id: str, *parts: str) -> str:
@@ -177,6 +183,14 @@ class StateStore:
             member, score = row[0], row[1]
             found.append((member.decode() if isinstance(member, bytes) else str(member), float(score)))
         return found
+
+    def run_members(self, evaluation: Evaluation) -> list[str]:
+        """The evaluations that are the epochs of ``evaluation``'s run, in epoch order (itself alone when it is a
+        run of one epoch)."""
+        if evaluation.run_id is None:
+            return [evaluation.id]
+        raw = self.redis.lrange(run_key(evaluation.run_id), 0, -1)
+        return [m.decode() if isinstance(m, bytes) else str(m) for m in raw]
 
     def open_evaluations(self, owner: str) -> list[str]:
         """``owner``'s evaluations not finished yet, however many and however old."""

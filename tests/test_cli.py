@@ -697,3 +697,26 @@ def test_compare_prints_the_paired_difference_and_results_print_the_intervals(
     shown = cli("results", b)
     assert shown.status == 0 and "original: 90.0% [" in shown.out and "over 10 tasks" in shown.out
     assert cli("compare", a, a).status != 0
+
+
+def test_submit_with_epochs_and_a_seed_and_the_runs_statistics(
+    cli: Callable[..., Run], client: GatewayClient, redis_client: Redis
+) -> None:
+    argv = ["submit", "--model-url", "http://127.0.0.1:9/v1", "--model", MODEL, "--no-preflight"]
+    made = cli(*argv, "--no-server-preflight", "--tasks", "2,3", "--prompt", "gpt", "--epochs", "2", "--seed", "7")
+    assert made.status == 0, made.err
+    run = client.epochs(made.out.strip())
+    assert [e["seed"] for e in run["epochs"]] == [7, 8]
+    lifecycle = TaskLifecycle(redis_client)
+    for epoch in run["epochs"]:  # task 2 passes in both epochs, task 3 in the second only
+        for index, passed in ((2, True), (3, epoch["epoch"] == 2)):
+            status = VerdictStatus.PASSED if passed else VerdictStatus.FAILED
+            lifecycle.record_verdict(
+                Verdict(
+                    evaluation_id=epoch["evaluation_id"], task_index=index, attempt=1, paper_category="Chart",
+                    status=status,
+                )
+            )  # fmt: skip
+    shown = cli("epochs", made.out.strip())
+    assert shown.status == 0, shown.err
+    assert "original: 75.0%" in shown.out and "pass@2 100.0%" in shown.out and "pass^2 50.0%" in shown.out

@@ -86,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     submit.add_argument("--suite", metavar="NAME", help="the suite to run (default: pybench)")
     submit.add_argument(
+        "--epochs", type=int, metavar="N", help="independent runs of every task, 1-10 (default 1); see `epochs ID`"
+    )
+    submit.add_argument("--seed", type=int, metavar="S", help="the sampling seed (epoch e gets S + e - 1)")
+    submit.add_argument(
         "--mode",
         choices=("pybench", "tools"),
         help="pybench: code read from the reply's text (the benchmark's way, default); tools: an execute_python tool",
@@ -148,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("--judge-key-env", metavar="VAR", help="the environment variable holding the judge's key")
 
     add("leaderboard", "per model, its best and latest completed evaluation", commands.leaderboard)
+
+    epochs = add("epochs", "a run's epochs and its statistics: mean, 95% interval, pass@k, pass^k", commands.epochs)
+    epochs.add_argument("id", help="the id of any epoch of the run")
 
     compare = add("compare", "does B beat A on the same tasks? the paired difference and its p-value", commands.compare)
     compare.add_argument("a", help="the evaluation compared against")

@@ -19,7 +19,15 @@ from . import preflight
 from .errors import CommandError, UsageError
 from .export import export
 from .printer import Printer
-from .report import manifest_line, print_intervals, print_pass_rates, print_tasks, summary_line, usage_line
+from .report import (
+    interval_text,
+    manifest_line,
+    print_intervals,
+    print_pass_rates,
+    print_tasks,
+    summary_line,
+    usage_line,
+)
 from .watch import task_categories, watch
 
 MAX_PAGE = 100
@@ -92,6 +100,8 @@ def submit(args: argparse.Namespace, client: GatewayClient, printer: Printer) ->
         body["max_turns"] = args.max_turns
     if args.max_concurrency is not None:
         body["max_concurrency"] = args.max_concurrency
+    if args.epochs is not None:
+        body["epochs"] = args.epochs
     for field, value in (("suite", args.suite), ("mode", args.mode), ("cell_timeout_s", args.cell_timeout)):
         if value is not None:
             body[field] = value
@@ -102,6 +112,7 @@ def submit(args: argparse.Namespace, client: GatewayClient, printer: Printer) ->
             ("top_p", args.top_p),
             ("max_tokens", args.max_tokens),
             ("frequency_penalty", args.frequency_penalty),
+            ("seed", args.seed),
         )
         if value is not None
     }
@@ -153,6 +164,26 @@ def watch_command(args: argparse.Namespace, client: GatewayClient, printer: Prin
 
 def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:+.1f}" if value < 0 else f"{100 * value:.1f}"
+
+
+def epochs(args: argparse.Namespace, client: GatewayClient, printer: Printer) -> int:
+    """Print a run's epochs (id, seed, status) and, per grading, its rate with the 95% interval, pass@k and
+    pass^k."""
+    run = client.epochs(args.id)
+    if args.json:
+        _print_json(printer, run)
+        return 0
+    printer.table(
+        ["epoch", "evaluation", "seed", "status"],
+        [[str(e["epoch"]), e["evaluation_id"], str(e["seed"]), e["status"]] for e in run["epochs"]],
+        title=f"run {run['run_id']}" + ("" if run["complete"] else " (not complete: statistics so far)"),
+    )
+    for grading, parts in run["statistics"].items():
+        overall = parts["all"]
+        at_k = ", ".join(f"pass@{k} {100 * v:.1f}%" for k, v in overall["pass_at_k"].items())
+        hat_k = ", ".join(f"pass^{k} {100 * v:.1f}%" for k, v in overall["pass_hat_k"].items())
+        printer.line(f"{grading}: {interval_text(overall)}; {at_k}; {hat_k}")
+    return 0
 
 
 def compare(args: argparse.Namespace, client: GatewayClient, printer: Printer) -> int:

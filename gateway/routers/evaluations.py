@@ -1,5 +1,6 @@
 """Evaluations: submit one, follow its progress, read its verdicts, metrics and trajectories."""
 
+import uuid
 from typing import Annotated
 
 import anyio
@@ -19,6 +20,7 @@ from gateway.settings import GatewaySettings
 from gateway.streams import follow
 from services.apikeys import ApiKey
 from services.components import advertised
+from services.epochs import epoch_concurrency, epoch_sampling
 from services.errors import ArtifactNotFoundError, TaskNotFoundError
 from services.evaluation import (
     Evaluation,
@@ -125,7 +127,9 @@ def create_evaluation(
     Tasks whose input files are missing from the suite are reported ``unavailable`` and not run. With an
     ``Idempotency-Key`` header, a repeated submission returns the evaluation the first one made. Unless
     ``preflight`` is false, the model endpoint must first answer, serve the model and reply to a canary prompt
-    with code in the prompt's format. A key whose stored artifacts reach its storage quota gets 409.
+    with code in the prompt's format. A key whose stored artifacts reach its storage quota gets 409. With
+    ``epochs`` above 1, one evaluation per epoch is made (the answer is the first's, whose id names the run; the
+    others are listed at ``GET /v1/evaluations/{id}/epochs``).
     """
     if body.suite != suite.name:
         raise Problem(422, "Unknown suite", f"no suite {body.suite!r}; this service offers {suite.name!r}")
@@ -153,39 +157,50 @@ def create_evaluation(
                 body, suite, EgressPolicy.parse(settings.EGRESS_ALLOWLIST), resolver=request.app.state.egress_resolver
             )
         runnable = [i for i in indices if suite.task(i).available]
-        limits.check_capacity(redis, state, caller.id, len(runnable), settings)
-        evaluation = Evaluation(
-            id=claim.evaluation_id,
-            owner=caller.id,
-            model=body.model,
-            has_api_key=body.api_key is not None,
-            suite=suite.name,
-            tasks=indices,
-            unavailable_tasks=[i for i in indices if not suite.task(i).available],
-            max_turns=body.max_turns,
-            cell_timeout_s=body.cell_timeout_s,
-            prompt=body.prompt,
-            mode=body.mode,
-            sampling=body.sampling,
-            judge=body.judge,
-            has_judge_api_key=body.judge_api_key is not None,
-            max_concurrency=body.max_concurrency,
-            prices=body.prices,
-            manifest=build_manifest(body, suite, indices, advertised(redis)),
-        )
-        store.put_evaluation(evaluation)
-        lifecycle.create(
-            evaluation,
-            suite,
-            api_key=body.api_key.get_secret_value() if body.api_key else None,
-            judge_api_key=body.judge_api_key.get_secret_value() if body.judge_api_key else None,
-        )
+        limits.check_capacity(redis, state, caller.id, len(runnable) * body.epochs, settings)
+        manifest = build_manifest(body, suite, indices, advertised(redis))
+        run_id = claim.evaluation_id if body.epochs > 1 else None
+        ids = [claim.evaluation_id, *(uuid.uuid4().hex[:20] for _ in range(body.epochs - 1))]
+        epochs = [
+            Evaluation(
+                id=evaluation_id,
+                owner=caller.id,
+                model=body.model,
+                has_api_key=body.api_key is not None,
+                suite=suite.name,
+                tasks=indices,
+                unavailable_tasks=[i for i in indices if not suite.task(i).available],
+                max_turns=body.max_turns,
+                cell_timeout_s=body.cell_timeout_s,
+                prompt=body.prompt,
+                mode=body.mode,
+                sampling=epoch_sampling(body.sampling, claim.evaluation_id, epoch, body.epochs),
+                judge=body.judge,
+                has_judge_api_key=body.judge_api_key is not None,
+                max_concurrency=epoch_concurrency(body.max_concurrency, body.epochs),
+                prices=body.prices,
+                manifest=manifest,
+                run_id=run_id,
+                epoch=epoch,
+                epochs=body.epochs,
+            )
+            for epoch, evaluation_id in enumerate(ids, start=1)
+        ]
+        for evaluation in epochs:
+            store.put_evaluation(evaluation)
+            lifecycle.create(
+                evaluation,
+                suite,
+                api_key=body.api_key.get_secret_value() if body.api_key else None,
+                judge_api_key=body.judge_api_key.get_secret_value() if body.judge_api_key else None,
+            )
     except BaseException:
         idempotency.release(redis, claim)
         raise
     idempotency.confirm(redis, claim, settings.IDEMPOTENCY_TTL_S)
-    lifecycle.queue_sessions(evaluation)
-    return _view(state, evaluation)
+    for evaluation in epochs:
+        lifecycle.queue_sessions(evaluation)
+    return _view(state, epochs[0])
 
 
 def _view(state: StateStore, evaluation: Evaluation) -> EvaluationView:
