@@ -28,9 +28,24 @@ _WITH_INPUT = {"422": "The request does not fit the schema"}
 _WITH_BODY = {"413": "The body is too large"}
 _SUBMISSION = {
     "403": "An endpoint the egress policy refuses (internal address); the operator may allow it",
-    "409": "Idempotency-Key reused with another body, or its first submission still in progress",
-    "503": "The queue is full (see Retry-After)",
+    "409": "Idempotency-Key reused with another body, its first submission still in progress, or the key's "
+    "stored artifacts at its storage quota",
+    "503": "The queue is full (see Retry-After), or the service keeps no API keys (PBE_SECRETS_KEY unset)",
 }
+_EXPIRABLE = {"410": "Retention removed it (the detail says when, and by which setting); results and verdicts stay"}
+_BY_OPERATION = {
+    "create_evaluation": _SUBMISSION,
+    "retry_evaluation_tasks": {"409": "The evaluation is cancelled, or a task named has no failed verdict"},
+    "compare_evaluations": {
+        "404": "Either evaluation is not one the key may see",
+        "409": "The same evaluation twice, one not completed, or runs that are not comparable",
+    },
+    "get_trajectory": _EXPIRABLE,
+    "list_task_files": _EXPIRABLE,
+    "download_task_file": _EXPIRABLE,
+    "download_archive": _EXPIRABLE,
+}
+"""The problems particular to an operation, by its operationId."""
 
 
 def _problem(description: str) -> dict[str, Any]:
@@ -60,10 +75,7 @@ def install(app: FastAPI, suite: Suite) -> None:
                     codes |= _WITH_INPUT
                 if operation.get("requestBody"):
                     codes |= _WITH_BODY
-                if operation.get("operationId") == "create_evaluation":
-                    codes |= _SUBMISSION
-                if operation.get("operationId") == "retry_evaluation_tasks":
-                    codes |= {"409": "The evaluation is cancelled, or a task named has no failed verdict"}
+                codes |= _BY_OPERATION.get(operation.get("operationId", ""), {})
                 for code, description in codes.items():
                     responses[code] = _problem(description)
         _suite_vocabulary(schema["components"]["schemas"], suite)
