@@ -53,6 +53,7 @@ def _compose_config(*profiles: str) -> dict[str, Any]:
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, "PBE_REDIS_PASSWORD": "config-test-password"},  # the stack's required secrets
     )
     if "is not a docker command" in done.stderr:
         pytest.skip("Compose v2 is missing: make compose-plugin")

@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("leaderboard", "per model, its best and latest completed evaluation", commands.leaderboard)
 
-    epochs = add("epochs", "a run's epochs and its statistics: mean, 95% interval, pass@k, pass^k", commands.epochs)
+    epochs = add("epochs", "a run's epochs and its statistics: mean, 95%% interval, pass@k, pass^k", commands.epochs)
     epochs.add_argument("id", help="the id of any epoch of the run")
 
     compare = add("compare", "does B beat A on the same tasks? the paired difference and its p-value", commands.compare)
