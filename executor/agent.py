@@ -17,6 +17,7 @@ from executor.kernel import KernelClient
 from executor.messages import interpreter_message, output_text
 from services.endpoint import EndpointClient
 from services.errors import ModelContextLengthError, ModelEndpointError, ModelRequestRejectedError, SandboxError
+from services.evaluation import Budgets
 from services.extraction import extract_code
 from services.trajectory import MAX_IMAGES_PER_CELL, EndReason, Message, Turn
 
@@ -85,6 +86,22 @@ def _not_run(calls: list[dict[str, Any]]) -> list[Message]:
     return [Message(role="tool", tool_call_id=call_id(call), content="not run: one call per turn") for call in calls]
 
 
+def _over_budget(run: AgentRun, budgets: Budgets | None, elapsed_s: float) -> tuple[EndReason, str] | None:
+    """The end reason and its words when ``run`` has used a budget (its turns' tokens, or ``elapsed_s``)."""
+    if budgets is None:
+        return None
+    tokens = sum((t.prompt_tokens or 0) + (t.completion_tokens or 0) for t in run.turns)
+    if budgets.max_tokens_per_task is not None and tokens >= budgets.max_tokens_per_task:
+        return EndReason.TOKEN_BUDGET, (
+            f"the session used {tokens:,} tokens, its budget of {budgets.max_tokens_per_task:,} per task"
+        )
+    if budgets.max_seconds_per_task is not None and elapsed_s >= budgets.max_seconds_per_task:
+        return EndReason.TIME_BUDGET, (
+            f"the session ran {elapsed_s:.1f} s, its budget of {budgets.max_seconds_per_task:g} s per task"
+        )
+    return None
+
+
 def run_agent(
     messages: list[Message],
     model: EndpointClient,
@@ -95,8 +112,12 @@ def run_agent(
     sampling: dict[str, Any],
     tools: bool = False,
     cancelled: Callable[[], bool] | None = None,
+    budgets: Budgets | None = None,
 ) -> AgentRun:
     """Run the loop from the opening ``messages``; never raises for model or sandbox failures.
+
+    ``budgets``: before each turn, a session that has used its tokens (prompt and completion, as the endpoint
+    reported them) or its seconds (since the loop began) ends ``token_budget`` or ``time_budget``.
 
     ``cancelled`` is asked before each turn: when it says so, the session ends ``cancelled`` (the turn in
     flight, a model call and its cell, always finishes).
@@ -110,7 +131,7 @@ def run_agent(
     """
     run = AgentRun(messages=list(messages))
     try:
-        return _take_turns(run, model, kernel, max_turns, cell_timeout_s, sampling, tools, cancelled)
+        return _take_turns(run, model, kernel, max_turns, cell_timeout_s, sampling, tools, cancelled, budgets)
     except Exception as exc:  # the session's boundary: recorded as its end, never a crashed job
         log.exception("the agent loop crashed")
         run.end_reason = EndReason.CRASHED
@@ -130,11 +151,17 @@ def _take_turns(
     sampling: dict[str, Any],
     tools: bool,
     cancelled: Callable[[], bool] | None,
+    budgets: Budgets | None = None,
 ) -> AgentRun:
     """The turns of ``run_agent``, into ``run``."""
+    started = time.monotonic()
     for index in range(1, max_turns + 1):
         if cancelled is not None and cancelled():
             run.end_reason, run.error = EndReason.CANCELLED, "the evaluation was cancelled"
+            return run
+        spent = _over_budget(run, budgets, time.monotonic() - started)
+        if spent is not None:
+            run.end_reason, run.error = spent
             return run
         try:
             completion = model.complete(run.messages, sampling, [EXECUTE_PYTHON_TOOL] if tools else None)

@@ -145,6 +145,7 @@ def run_task_session(
             sampling=sampling_for(evaluation, suite),
             tools=evaluation.mode == "tools",
             cancelled=cancelled,
+            budgets=evaluation.budgets,
         )
         try:
             tree = backend.collect_tree(handle, f"{WORKSPACE}/output")

@@ -42,6 +42,19 @@ class Sampling(BaseModel):
     a run gets its own (``services.epochs``)."""
 
 
+class Budgets(BaseModel):
+    """Per-task limits a session stops at, each with its own end reason (graded as the session stands)."""
+
+    model_config = {"extra": "forbid"}
+
+    max_tokens_per_task: int | None = Field(
+        default=None, ge=1, le=100_000_000, description="prompt and completion tokens of one session, in all"
+    )
+    max_seconds_per_task: float | None = Field(
+        default=None, gt=0, le=86_400, description="seconds of one session, from its first model call"
+    )
+
+
 class Prices(BaseModel):
     """What the endpoint charges, in USD per million tokens: the results then show what the evaluation cost."""
 
@@ -119,6 +132,11 @@ class EvaluationCreate(BaseModel):
         default=None, description="The judge's bearer token; never stored in clear."
     )
     prices: Prices | None = Field(default=None, description="USD per million tokens, for the results' cost.")
+    budgets: Budgets | None = Field(
+        default=None,
+        description="Per-task limits on tokens and wall time: a session past one stops before its next turn, ending "
+        "token_budget or time_budget, and is graded as it stands.",
+    )
     epochs: int = Field(
         default=1,
         ge=1,
@@ -221,6 +239,7 @@ class Evaluation(BaseModel):
     judge: JudgeConfig | None = None
     has_judge_api_key: bool = False
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    budgets: Budgets | None = None
     run_id: str | None = None
     """The run this evaluation is an epoch of (its first epoch's id); None for a run of one epoch."""
     epoch: int = 1

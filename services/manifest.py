@@ -59,15 +59,25 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def comparable_key(suite_hash: str, tasks: list[int], system_prompt_hash: str, mode: str, max_turns: int) -> str:
-    """The key of runs that may be ranked together: the same suite content, tasks, prompt, mode and turn limit."""
-    identity = {
+def comparable_key(
+    suite_hash: str,
+    tasks: list[int],
+    system_prompt_hash: str,
+    mode: str,
+    max_turns: int,
+    budgets: dict[str, float] | None = None,
+) -> str:
+    """The key of runs that may be ranked together: the same suite content, tasks, prompt, mode and turn limit,
+    and the same per-task budgets (runs without budgets keep the key they always had)."""
+    identity: dict[str, object] = {
         "suite": suite_hash,
         "tasks": sorted(tasks),
         "prompt": system_prompt_hash,
         "mode": mode,
         "max_turns": max_turns,
     }
+    if budgets:
+        identity["budgets"] = budgets
     return _sha256(json.dumps(identity, sort_keys=True))[:16]
 
 
@@ -96,5 +106,12 @@ def build_manifest(body: EvaluationCreate, suite: Suite, tasks: list[int], compo
         judge_model=judge.endpoint.model if judge else None,
         judge_mode=judge.mode if judge else None,
         judge_prompt_hash=components.get(judge_prompt_key(judge.mode)) if judge else None,
-        comparable_key=comparable_key(suite_hash, tasks, prompt_hash, body.mode, body.max_turns),
+        comparable_key=comparable_key(
+            suite_hash,
+            tasks,
+            prompt_hash,
+            body.mode,
+            body.max_turns,
+            body.budgets.model_dump(exclude_none=True) if body.budgets else None,
+        ),
     )

@@ -93,6 +93,11 @@ class EndReason(StrEnum):
     KEY_LOST = "key_lost"
     """The evaluation's model key is no longer held, so the endpoint was not called: graded ``infra_error``, not
     retried until the key is sent again."""
+    TOKEN_BUDGET = "token_budget"
+    """The session used the evaluation's tokens per task (``budgets.max_tokens_per_task``): graded as it stands."""
+    TIME_BUDGET = "time_budget"
+    """The session ran for the evaluation's seconds per task (``budgets.max_seconds_per_task``): graded as it
+    stands."""
     CRASHED = "crashed"
     """The session's own code raised an unexpected error (a bug something in the model's answers or its code's
     output ran into): graded ``infra_error``, not retried (it would crash again), its error kept."""

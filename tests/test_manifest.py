@@ -90,9 +90,13 @@ def test_comparable_runs_share_a_key_and_others_do_not(api: httpx.Client) -> Non
         "other prompt": _submit(api, prompt="llama3")["manifest"]["comparable_key"],
         "other mode": _submit(api, mode="tools")["manifest"]["comparable_key"],
         "fewer turns": _submit(api, max_turns=3)["manifest"]["comparable_key"],
+        "a token budget": _submit(api, budgets={"max_tokens_per_task": 5000})["manifest"]["comparable_key"],
+        "a time budget": _submit(api, budgets={"max_seconds_per_task": 60})["manifest"]["comparable_key"],
+        "no budget named": _submit(api, budgets={})["manifest"]["comparable_key"],
     }
     assert keys["same"] == keys["again"]  # sampling is recorded, but a model's own settings stay comparable
-    assert len({keys[k] for k in keys if k != "again"}) == 5
+    assert keys["same"] == keys["no budget named"]  # runs without budgets keep the key they always had
+    assert len({keys[k] for k in keys if k not in ("again", "no budget named")}) == 7
 
 
 def test_a_small_run_never_outranks_a_full_one_and_rows_carry_categories_and_cost(

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from executor.agent import EXECUTE_PYTHON_TOOL, run_agent
 from executor.kernel import KernelClient
 from services.endpoint import EndpointClient
+from services.evaluation import Budgets
 from services.sandbox.base import SandboxSpec
 from services.sandbox.local import LocalSandboxBackend
 from services.trajectory import EndReason, Message
@@ -136,3 +137,45 @@ def test_malformed_tool_calls_are_answered_with_what_to_fix_and_the_session_goes
     assert "not JSON" in answers[3].content
     assert "42" in answers[4].content and answers[4].tool_call_id == "e"
     assert [t.code for t in run.turns] == [None, None, None, None, "print(6 * 7)", None]
+
+
+class BudgetServer(ToolServer):
+    """Replies with a cell each turn, reporting ``TOKENS`` tokens per reply."""
+
+    TOKENS = (300, 100)
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def complete(request: Request) -> JSONResponse:
+            self.requests.append(await request.json())
+            choice = {"index": 0, "message": {"role": "assistant", "content": "```python\nprint(1)\n```"}}
+            usage = {"prompt_tokens": self.TOKENS[0], "completion_tokens": self.TOKENS[1], "total_tokens": 400}
+            return JSONResponse({"id": "c", "object": "chat.completion", "choices": [choice], "usage": usage})
+
+        return app
+
+
+@pytest.mark.parametrize(
+    ("budgets", "reason", "turns"),
+    [
+        (Budgets(max_tokens_per_task=1000), EndReason.TOKEN_BUDGET, 3),  # 400, 800, 1200 >= 1000: no fourth call
+        (Budgets(max_seconds_per_task=0.001), EndReason.TIME_BUDGET, 1),  # past it once the first turn ran
+        (Budgets(max_tokens_per_task=10**6, max_seconds_per_task=3600), EndReason.MAX_TURNS, 5),
+    ],
+)
+def test_a_session_past_its_budget_ends_before_its_next_turn_with_its_own_reason(
+    kernel: KernelClient, budgets: Budgets, reason: EndReason, turns: int
+) -> None:
+    scripted = BudgetServer()
+    with serve(scripted.app()) as url:
+        model = EndpointClient(url + "/v1", "m", retries=0)
+        run = run_agent(
+            [Message(role="user", content="q")], model, kernel, max_turns=5, cell_timeout_s=30, sampling={},
+            budgets=budgets,
+        )  # fmt: skip
+    assert run.end_reason is reason and not reason.infra
+    assert len(run.turns) == turns and len(scripted.requests) == turns, "no model call past the budget"
+    if reason is EndReason.TOKEN_BUDGET:
+        assert run.error == "the session used 1,200 tokens, its budget of 1,000 per task"

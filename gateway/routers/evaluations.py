@@ -179,6 +179,7 @@ def create_evaluation(
                 has_judge_api_key=body.judge_api_key is not None,
                 max_concurrency=epoch_concurrency(body.max_concurrency, body.epochs),
                 prices=body.prices,
+                budgets=body.budgets,
                 manifest=manifest,
                 run_id=run_id,
                 epoch=epoch,
