@@ -17,7 +17,7 @@ from gateway.bodylimit import BodySizeLimit
 from gateway.dashboard.pages import install_dashboard
 from gateway.observe import install_metrics
 from gateway.problems import install_problem_handlers, problem_response
-from gateway.routers import compare, epochs, evaluations, leaderboard, suites
+from gateway.routers import compare, epochs, evaluations, leaderboard, regrade, suites
 from gateway.settings import GatewaySettings
 from gateway.streams import OpenStreams
 from services.logs import LOG_FORMAT_VARIABLE, configure_logging
@@ -67,6 +67,7 @@ def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = 
     app.include_router(leaderboard.router)
     app.include_router(compare.router)
     app.include_router(epochs.router)
+    app.include_router(regrade.router)
     if os.environ.get(LOG_FORMAT_VARIABLE, "").strip().lower() == "json":
         configure_logging("json")
 

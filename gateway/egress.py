@@ -23,9 +23,22 @@ def check_endpoints(body: EvaluationCreate, settings: GatewaySettings, resolver:
     if body.judge is not None:
         endpoints.append(("judge.endpoint.base_url", body.judge.endpoint.base_url))
     for field, url in endpoints:
-        try:
-            check_url(url, policy, resolver)
-        except UnresolvableHostError as exc:
-            raise Problem(422, "Endpoint unresolvable", f"{field}: {exc}", field=field) from exc
-        except EgressRefusedError as exc:
-            raise Problem(403, "Endpoint refused", f"{field}: {exc}", field=field) from exc
+        _check(field, url, policy, resolver)
+
+
+def check_url_field(field: str, url: str, settings: GatewaySettings, resolver: Resolver = resolve_host) -> None:
+    """Check one endpoint URL, named ``field`` in the errors, against the egress policy.
+
+    Raises:
+        Problem: 403 naming the endpoint and why the policy refuses it; 422 for a host that does not resolve.
+    """
+    _check(field, url, EgressPolicy.parse(settings.EGRESS_ALLOWLIST), resolver)
+
+
+def _check(field: str, url: str, policy: EgressPolicy, resolver: Resolver) -> None:
+    try:
+        check_url(url, policy, resolver)
+    except UnresolvableHostError as exc:
+        raise Problem(422, "Endpoint unresolvable", f"{field}: {exc}", field=field) from exc
+    except EgressRefusedError as exc:
+        raise Problem(403, "Endpoint refused", f"{field}: {exc}", field=field) from exc

@@ -40,6 +40,11 @@ _BY_OPERATION = {
         "404": "Either evaluation is not one the key may see",
         "409": "The same evaluation twice, one not completed, or runs that are not comparable",
     },
+    "regrade_evaluation": {
+        "403": "A judge endpoint the egress policy refuses",
+        "409": "The evaluation has not finished",
+        "503": "A judge key given, and the service keeps no API keys (PBE_SECRETS_KEY unset)",
+    },
     "get_trajectory": _EXPIRABLE,
     "list_task_files": _EXPIRABLE,
     "download_task_file": _EXPIRABLE,

@@ -137,6 +137,7 @@ def grade_and_record(
         )
         own = run_files(job, shared_output.Borrowed()) if run_files else None
         verdict = grade(task, trajectory, output_files, own, _view(run_files, job, borrowed))
+        verdict.grading = job.grading
         if should_retry(verdict):
             store.put_verdict(verdict)  # every attempt's verdict is kept in the store; Redis holds the task's last
             recorded = lifecycle.record_verdict(verdict)

@@ -240,6 +240,8 @@ class Evaluation(BaseModel):
     has_judge_api_key: bool = False
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     budgets: Budgets | None = None
+    grading: int = 1
+    """How many times it was graded: 1, then one more per ``POST .../regrade``."""
     run_id: str | None = None
     """The run this evaluation is an epoch of (its first epoch's id); None for a run of one epoch."""
     epoch: int = 1

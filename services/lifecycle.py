@@ -38,7 +38,7 @@ from typing import Any
 from redis import Redis
 
 from services.admission import AdmissionWindow
-from services.evaluation import Evaluation, TaskState
+from services.evaluation import Evaluation, JudgeConfig, TaskState
 from services.queues import (
     GradeJob,
     SessionJob,
@@ -102,8 +102,14 @@ def unavailable_verdict(evaluation_id: str, suite: Suite, task_index: int) -> Ve
 
 
 def should_retry(verdict: Verdict) -> bool:
-    """The retry policy: an ``infra_error`` that may mend by itself, with attempts left."""
-    return verdict.status is VerdictStatus.INFRA_ERROR and verdict.retryable and verdict.attempt < MAX_ATTEMPTS
+    """The retry policy: an ``infra_error`` that may mend by itself, with attempts left; never for a regrade (which
+    starts no session)."""
+    return (
+        verdict.status is VerdictStatus.INFRA_ERROR
+        and verdict.retryable
+        and verdict.attempt < MAX_ATTEMPTS
+        and verdict.grading == 1
+    )
 
 
 class TaskLifecycle:
@@ -252,6 +258,40 @@ class TaskLifecycle:
             return Recorded(retried_as=self.retry(verdict.evaluation_id, verdict.task_index), complete=False)
         self._put_verdict(verdict)
         return Recorded(retried_as=None, complete=self._close_if_complete(verdict.evaluation_id))
+
+    def regrade(self, evaluation: Evaluation, judge: JudgeConfig | None, judge_api_key: str | None) -> list[int]:
+        """Grade a finished evaluation again from its stored trajectories and files, starting no session: its
+        grading count goes up (and its judge becomes ``judge`` when one is given), every task whose session tested
+        the agent goes back to ``grading`` and its grading is enqueued. Returns those tasks.
+
+        Raises:
+            SecretsKeyMissingError: a judge key is given and the lifecycle has no secrets key.
+        """
+        verdicts = self.state.verdicts(evaluation.id)
+        tasks = [v for v in verdicts if v.status not in (VerdictStatus.UNAVAILABLE, VerdictStatus.INFRA_ERROR)]
+        update: dict[str, Any] = {"grading": evaluation.grading + 1}
+        if judge is not None:
+            update |= {"judge": judge, "has_judge_api_key": judge_api_key is not None}
+        regraded = evaluation.model_copy(update=update)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.set(evaluation_key(evaluation.id), regraded.model_dump_json())
+        if tasks:
+            pipe.hset(
+                evaluation_key(evaluation.id, "tasks"),
+                mapping={str(v.task_index): TaskState.GRADING.value for v in tasks},
+            )
+            pipe.sadd(open_key(evaluation.owner), evaluation.id)
+        hold_keys(pipe, self.state.secrets, evaluation.id, None, judge_api_key)
+        pipe.execute()
+        for verdict in tasks:
+            job = GradeJob(
+                evaluation_id=evaluation.id,
+                task_index=verdict.task_index,
+                attempt=verdict.attempt,
+                grading=regraded.grading,
+            )
+            enqueue_grading(self.redis, job)
+        return [v.task_index for v in tasks]
 
     def retry(self, evaluation_id: str, task_index: int) -> int:
         """Run a task again as its next attempt: its verdict dropped, its state ``queued``, held at the front of

@@ -87,6 +87,8 @@ class GradeJob(BaseModel):
     evaluation_id: str
     task_index: int
     attempt: int = 1
+    grading: int = 1
+    """Which grading of the evaluation this is: 1 when its session ends, then one more per regrade."""
 
 
 def session_job_id(job: SessionJob) -> str:
@@ -96,7 +98,8 @@ def session_job_id(job: SessionJob) -> str:
 
 def grade_job_id(job: GradeJob) -> str:
     """Return the deterministic RQ job id of a grading job."""
-    return f"pbe-grade-{job.evaluation_id}-{job.task_index}-a{job.attempt}"
+    regrade = f"-g{job.grading}" if job.grading > 1 else ""
+    return f"pbe-grade-{job.evaluation_id}-{job.task_index}-a{job.attempt}{regrade}"
 
 
 def enqueue(redis: Redis, queue: str, function: str, payload: BaseModel, *, job_id: str, timeout_s: int) -> Any:

@@ -206,7 +206,19 @@ class ArtifactStore:
         )
 
     def put_verdict(self, verdict: Verdict) -> None:
+        """Write the attempt's verdict (``verdict.json``); the verdict of an earlier grading it replaces is kept
+        beside it as ``verdict-grading-<n>.json``.
+
+        Raises:
+            StoreError: the store cannot be written.
+        """
         path = self.attempt_dir(verdict.evaluation_id, verdict.task_index, verdict.attempt) / "verdict.json"
+        try:
+            earlier = Verdict.model_validate_json(path.read_bytes())
+        except (OSError, ValidationError):
+            earlier = None
+        if earlier is not None and earlier.grading < verdict.grading:
+            self._write(path.with_name(f"verdict-grading-{earlier.grading}.json"), path.read_bytes())
         self._write(path, verdict.model_dump_json(indent=1).encode())
 
     def evaluation_ids(self) -> list[str]:

@@ -119,6 +119,9 @@ class Verdict(BaseModel):
     evaluation_id: str
     task_index: int
     attempt: int
+    grading: int = 1
+    """Which grading of the evaluation made it (``POST .../regrade`` makes another; earlier ones stay in the store
+    as ``verdict-grading-<n>.json``)."""
     paper_category: str
     status: VerdictStatus
     checks: list[CheckResult] = Field(default_factory=list)
