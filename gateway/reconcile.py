@@ -192,10 +192,11 @@ def _reconcile_one(
     """Queue again the jobs of one evaluation that no worker has, then admit what its window has room for."""
     state = lifecycle.state
     lifecycle.hold_orphans(evaluation_id)
+    gradings = state.get(evaluation_id).grading  # a regrade's jobs carry its number (and their own ids)
     for index, task_state in state.task_states(evaluation_id).items():
         attempt = state.task_attempt(evaluation_id, index)
         session = SessionJob(evaluation_id=evaluation_id, task_index=index, attempt=attempt)
-        grading = GradeJob(evaluation_id=evaluation_id, task_index=index, attempt=attempt)
+        grading = GradeJob(evaluation_id=evaluation_id, task_index=index, attempt=attempt, grading=gradings)
         if task_state is TaskState.QUEUED and lifecycle.is_held(evaluation_id, index):
             continue
         if task_state in (TaskState.QUEUED, TaskState.RUNNING):

@@ -12,6 +12,7 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from gateway.app import create_app
+from gateway.reconcile import reconcile
 from grader.jobs import grade_and_record
 from services.lifecycle import TaskLifecycle
 from services.netguard import EgressPolicy
@@ -106,3 +107,28 @@ def test_a_finished_evaluation_is_graded_again_with_a_new_judge_and_no_session(
         assert json.loads((folder / "verdict.json").read_text())["grading"] == 2
     running = api.post("/v1/evaluations", json=body).json()["evaluation"]["id"]
     assert api.post(f"/v1/evaluations/{running}/regrade").status_code == 409
+
+
+def test_the_reconciler_queues_a_lost_regrade_again_as_the_regrade_it_was(
+    api: TestClient, redis_client: Redis, suite_path: Path, tmp_path: Path
+) -> None:
+    body = {"model": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}, "tasks": [44], "prompt": "gpt"}
+    evaluation_id = api.post("/v1/evaluations", json=body).json()["evaluation"]["id"]
+    Queue(SESSIONS_QUEUE, connection=redis_client).empty()  # type: ignore[no-untyped-call]  # the session "ran"
+    store = ArtifactStore(tmp_path)
+    store.put_trajectory(
+        Trajectory(evaluation_id=evaluation_id, task_index=44, attempt=1, end_reason=EndReason.NO_CODE, messages=[])
+    )
+    lifecycle = TaskLifecycle(redis_client)
+    session = SessionJob(evaluation_id=evaluation_id, task_index=44)
+    lifecycle.start(session)
+    lifecycle.finish_session(session)
+    _grade_queued(redis_client, suite_path, store)
+    assert api.post(f"/v1/evaluations/{evaluation_id}/regrade").status_code == 200
+    queue = Queue(GRADING_QUEUE, connection=redis_client, serializer=JSONSerializer)
+    for job_id in queue.job_ids:  # the regrade's job is lost (Redis dropped it)
+        queue.remove(job_id)
+        redis_client.delete(f"rq:job:{job_id}")
+    reconcile(redis_client, store, load_suite(suite_path))
+    (requeued,) = [GradeJob.model_validate(queue.fetch_job(j).args[0]) for j in queue.job_ids]  # type: ignore[union-attr]
+    assert requeued.grading == 2
