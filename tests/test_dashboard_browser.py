@@ -251,3 +251,28 @@ def test_every_page_reads_with_javascript_off(
         raise
     finally:
         driver.quit()
+
+
+def test_the_intervals_and_the_paired_test_read_in_a_browser(
+    browser: Any, gateway: str, api: httpx.Client, redis_client: Redis, store: ArtifactStore
+) -> None:
+    """Ten tasks: model-a passes all, model-b nine (the evaluation page's interval [67.4, 100]); the compare page
+    gives the paired test (one discordant task: McNemar p = 1) and the leaderboard marks model-b not separable."""
+    tasks = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    first, second = data.submit(api, tasks, "model-a"), data.submit(api, tasks, "model-b")
+    for task in tasks:
+        data.finish(redis_client, store, first, task, VerdictStatus.PASSED, charts=0)
+        status = VerdictStatus.FAILED if task == 2 else VerdictStatus.PASSED
+        data.finish(redis_client, store, second, task, status, charts=0)
+    _sign_in(browser, gateway, ADMIN_KEY, then=f"/dashboard/evaluations/{second['id']}")
+    intervals = browser.find_element(By.CSS_SELECTOR, "table.intervals").text
+    assert "90.0% [67.4–100.0] of 10" in intervals
+    browser.get(f"{gateway}/dashboard/compare?ids={first['id']}&ids={second['id']}")
+    paired = browser.find_element(By.CSS_SELECTOR, "table.paired").text
+    assert "-10.0 pt" in paired and "mcnemar-exact" in paired and " 1 " in f" {paired} "
+    _shot(browser, "compare-paired")
+    browser.get(f"{gateway}/dashboard/leaderboard")
+    board = browser.find_element(By.CSS_SELECTOR, "table.board").text
+    assert "67.4%–100.0%" in board and "not separable (p = 1)" in board
+    _shot(browser, "leaderboard-intervals")
+    assert _errors(browser) == []

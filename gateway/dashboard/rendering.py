@@ -42,6 +42,11 @@ def interval(row: dict[str, Any] | None) -> str:
     return f"{text} of {row['tasks']}"
 
 
+def points(value: float | None) -> str:
+    """A difference of rates in percentage points, signed: ``+12.5 pt``; None as an en dash."""
+    return "–" if value is None else f"{100 * value:+.1f} pt"
+
+
 def percent(value: float | None, digits: int = 1) -> str:
     """``0.1234`` as ``12.3%``; None as an en dash."""
     return "–" if value is None else f"{value * 100:.{digits}f}%"
@@ -78,7 +83,7 @@ def environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(percent=percent, seconds=seconds, count=count, when=when, interval=interval)
+    env.filters.update(percent=percent, seconds=seconds, count=count, when=when, interval=interval, points=points)
     env.globals["base"] = BASE
     return env
 

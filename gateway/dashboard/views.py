@@ -5,6 +5,7 @@ before them)."""
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from markupsafe import Markup
@@ -14,6 +15,7 @@ from gateway.dashboard.conversation import Block, conversation
 from gateway.dashboard.files import kind, output_path, reference_names, suite_path
 from gateway.dashboard.previews import Preview, preview
 from gateway.dashboard.summaries import CACHE, TaskSummary
+from services.comparison import paired
 from services.errors import ArtifactNotFoundError, StoreError
 from services.evaluation import Evaluation, EvaluationStatus, Progress
 from services.metrics import build_results
@@ -305,6 +307,9 @@ class ComparePage:
     """All the evaluations share one comparability key (same suite content, tasks, prompt, mode, turn limit)."""
     wins: list[list[int]]
     """``wins[i][j]``: tasks evaluation i passes and evaluation j does not."""
+    paired_test: dict[str, Any] | None = None
+    """For two comparable evaluations: the paired test of the second against the first, per grading
+    (``services.comparison.paired``, as ``GET /v1/compare`` gives it); None otherwise."""
 
 
 def compare_page(state: StateStore, suite: Suite, evaluations: list[Evaluation]) -> ComparePage:
@@ -335,4 +340,7 @@ def compare_page(state: StateStore, suite: Suite, evaluations: list[Evaluation])
         for e, m in zip(evaluations, metrics, strict=True)
     ]
     chart = grouped_bars(["all", *categories], series, title="Pass rates side by side")
-    return ComparePage(evaluations, metrics, chart, rows, len(keys) == 1, wins)
+    paired_test = None
+    if len(evaluations) == 2 and len(keys) == 1:
+        paired_test = paired([list(verdicts[0].values())], [list(verdicts[1].values())])
+    return ComparePage(evaluations, metrics, chart, rows, len(keys) == 1, wins, paired_test)
