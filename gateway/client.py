@@ -294,6 +294,16 @@ class GatewayClient:
         result: list[dict[str, Any]] = self._call("GET", "/v1/leaderboard")
         return result
 
+    def regrade(
+        self, evaluation_id: str, judge: dict[str, Any] | None = None, judge_api_key: str | None = None
+    ) -> dict[str, Any]:
+        """Grade a finished evaluation again from its stored sessions (with ``judge``, a judge config, when
+        given); returns the evaluation's view."""
+        fields = {"judge": judge, "judge_api_key": judge_api_key}
+        body = {name: value for name, value in fields.items() if value is not None} or None
+        result: dict[str, Any] = self._call("POST", f"/v1/evaluations/{evaluation_id}/regrade", json=body)
+        return result
+
     def epochs(self, evaluation_id: str) -> dict[str, Any]:
         """The run that ``evaluation_id`` is an epoch of: its epochs and its statistics."""
         result: dict[str, Any] = self._call("GET", f"/v1/evaluations/{evaluation_id}/epochs")

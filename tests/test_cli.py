@@ -720,3 +720,14 @@ def test_submit_with_epochs_and_a_seed_and_the_runs_statistics(
     shown = cli("epochs", made.out.strip())
     assert shown.status == 0, shown.err
     assert "original: 75.0%" in shown.out and "pass@2 100.0%" in shown.out and "pass^2 50.0%" in shown.out
+
+
+def test_regrade_asks_for_another_grading_and_refuses_half_a_judge(
+    cli: Callable[..., Run], client: GatewayClient, redis_client: Redis
+) -> None:
+    evaluation_id = submit(client, [7])
+    TaskLifecycle(redis_client).record_verdict(verdict(evaluation_id, 7, VerdictStatus.PASSED))
+    run = cli("regrade", evaluation_id)
+    assert run.status == 0 and "grading 2 under way (1 tasks)" in run.out, run.err
+    assert client.evaluation(evaluation_id)["evaluation"]["grading"] == 2
+    assert cli("regrade", evaluation_id, "--judge-url", "http://127.0.0.1:9/v1").status == 2

@@ -46,6 +46,7 @@ def stack(suite_path: Path) -> Iterator[str]:
         "PBE_EXECUTORS": str(EXECUTORS),
         "PBE_WARM_POOL_SIZE": str(WARM_POOL_SIZE),
         "PBE_LOG_FORMAT": "json",
+        "PBE_REPLAY_SEED_SPLIT": "1",  # odd seeds give up: epochs with their own seeds differ
     }
     with compose_stack(STACK, suite_path, ADMIN_KEY, **variables) as url:
         yield url
@@ -235,6 +236,40 @@ def test_executor_metrics_are_served_on_the_services_network_only(stack: str) ->
     answers = dict(line.split() for line in _run_in("executor", "python3", "-c", PROBE_METRICS).stdout.splitlines())
     assert len(answers) >= 3, answers  # the services', the sandboxes' and the models' networks
     assert list(answers.values()).count("serves") == 1, answers
+
+
+def test_three_epochs_differ_by_seed_and_a_regrade_starts_no_session(gateway: GatewayClient) -> None:
+    """Seeds 0, 1, 2: the replay gives up on the odd one, so each task passes in epochs 1 and 3 and fails in 2:
+    mean 2/3 with no spread between tasks, pass@2 = 1 - C(1,2)/C(3,2) = 1, pass^2 = C(2,2)/C(3,2) = 1/3."""
+    tasks = [30, 44, 77]
+    body = {"model": {"base_url": "http://replay:8000/v1", "model": "pybench-replay"}, "tasks": tasks,
+            "prompt": "gpt", "preflight": False, "epochs": 3, "sampling": {"seed": 0}}  # fmt: skip
+    run_id = gateway.submit(body)["evaluation"]["id"]
+    epochs = gateway.epochs(run_id)["epochs"]
+    assert [e["seed"] for e in epochs] == [0, 1, 2]
+    for epoch in epochs:
+        gateway.wait(epoch["evaluation_id"], timeout_s=600)
+    run = gateway.epochs(run_id)
+    assert run["complete"]
+    for epoch in run["epochs"]:
+        statuses = {v["status"] for v in gateway.results(epoch["evaluation_id"])["verdicts"]}
+        assert statuses == ({"failed"} if epoch["seed"] % 2 else {"passed"}), (epoch, statuses)
+    overall = run["statistics"]["original"]["all"]
+    assert overall["mean"] == pytest.approx(2 / 3, abs=1e-6) and overall["standard_error"] == 0
+    assert (overall["ci_low"], overall["ci_high"]) == (pytest.approx(2 / 3, abs=1e-6), pytest.approx(2 / 3, abs=1e-6))
+    assert overall["pass_at_k"] == {"1": pytest.approx(2 / 3, abs=1e-6), "2": 1.0, "3": 1.0}
+    assert overall["pass_hat_k"] == {"1": pytest.approx(2 / 3, abs=1e-6), "2": pytest.approx(1 / 3, abs=1e-6),
+                                     "3": 0.0}  # fmt: skip
+
+    first = run["epochs"][0]["evaluation_id"]
+    sessions_before = sum(_total(_worker_metrics("executor", i), "pbe_sessions_total") for i in (1, 2))
+    regraded = gateway.regrade(first)
+    assert regraded["evaluation"]["grading"] == 2
+    gateway.wait(first, timeout_s=300)
+    verdicts = gateway.results(first)["verdicts"]
+    assert {v["grading"] for v in verdicts} == {2} and {v["status"] for v in verdicts} == {"passed"}
+    sessions_after = sum(_total(_worker_metrics("executor", i), "pbe_sessions_total") for i in (1, 2))
+    assert sessions_after == sessions_before, "a regrade starts no session"
 
 
 def test_bad_requests_get_problem_documents(gateway: GatewayClient) -> None:

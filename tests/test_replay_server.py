@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from executor.replay.recordings import load_recordings
-from executor.replay.server import END_OF_RECORDING, create_app
+from executor.replay.server import END_OF_RECORDING, SEED_GIVES_UP, create_app
 from services.endpoint import EndpointClient
 from services.errors import ConfigurationError, ModelResponseError
 from services.extraction import extract_code
@@ -91,3 +91,21 @@ def test_a_query_is_matched_without_its_surrounding_spaces(url: str, suite_path:
     assert recording.record["user"] != recording.query  # PyBench's query ends with a space
     reply = httpx.post(f"{url}/v1/chat/completions", json={"messages": recording.messages[:3]}).json()
     assert reply["choices"][0]["message"]["content"] == recording.replies[0]
+
+
+def test_with_the_seed_split_odd_seeds_give_up_and_even_ones_replay(
+    suite_path: Path, record: dict[str, object]
+) -> None:
+    messages: list[dict[str, str]] = record["messages"]  # type: ignore[assignment]
+    first = next(m["content"] for m in messages if m["role"] == "assistant")
+    with serve(create_app(suite_path / "trajectory.jsonl", seed_split=True)) as base:
+
+        def reply(**extra: object) -> str:
+            body = {"messages": opening(record), **extra}
+            return str(httpx.post(f"{base}/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"])
+
+        assert reply(seed=3) == SEED_GIVES_UP and extract_code(SEED_GIVES_UP) is None
+        assert reply(seed=4) == first and reply() == first
+    with serve(create_app(suite_path / "trajectory.jsonl")) as base:  # without it, the seed changes nothing
+        body = {"messages": opening(record), "seed": 3}
+        assert httpx.post(f"{base}/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"] == first

@@ -13,6 +13,10 @@ model's words are replayed), and a model that answers at once for the demo and t
 ``--latency S`` (or ``PBE_REPLAY_LATENCY_S``) makes every answer take S seconds, like a served model under load,
 without holding a thread. ``GET /stats`` says how many requests it answered and the most it had in flight at once
 (``POST /stats/reset`` starts counting again), so a test or benchmark sees the load the endpoint got.
+
+``--seed-split`` (or ``PBE_REPLAY_SEED_SPLIT=1``) makes the answers depend on the request's ``seed``, as a sampled
+model's do: with an odd seed the first answer gives up without code (``SEED_GIVES_UP``), so the task fails; an even
+seed, or none, replays the recording. Epochs of a run, each with its own seed, then differ as the tests expect.
 """
 
 import argparse
@@ -47,6 +51,11 @@ class ChatMessage(BaseModel):
 class ChatRequest(BaseModel):
     model: str = DEFAULT_MODEL_NAME
     messages: list[ChatMessage] = Field(min_length=1)
+    seed: int | None = None
+
+
+SEED_GIVES_UP = "Finished: I cannot do this one (this seed's answer)."
+"""The answer to an odd seed under ``--seed-split``: no code, a wrong final answer."""
 
 
 def estimate_tokens(text: str) -> int:
@@ -72,8 +81,11 @@ class _Load:
         return {"requests": self.requests, "in_flight": self.in_flight, "peak_in_flight": self.peak_in_flight}
 
 
-def create_app(recordings_path: Path, model_name: str = DEFAULT_MODEL_NAME, *, latency_s: float = 0.0) -> FastAPI:
-    """Make the replay server; every answer takes ``latency_s`` seconds.
+def create_app(
+    recordings_path: Path, model_name: str = DEFAULT_MODEL_NAME, *, latency_s: float = 0.0, seed_split: bool = False
+) -> FastAPI:
+    """Make the replay server; every answer takes ``latency_s`` seconds; ``seed_split``: an odd ``seed`` gives up
+    (``SEED_GIVES_UP``).
 
     Raises:
         ConfigurationError: the recordings cannot be read.
@@ -125,7 +137,10 @@ def create_app(recordings_path: Path, model_name: str = DEFAULT_MODEL_NAME, *, l
                 "task_not_recorded",
             )
         turn = sum(1 for m in body.messages if m.role == "assistant")
-        content = recordings.reply(query, turn) or END_OF_RECORDING
+        if seed_split and body.seed is not None and body.seed % 2 == 1:
+            content = SEED_GIVES_UP
+        else:
+            content = recordings.reply(query, turn) or END_OF_RECORDING
         prompt_tokens = sum(estimate_tokens(m.content or "") for m in body.messages)
         completion_tokens = estimate_tokens(content)
         return {
@@ -165,8 +180,14 @@ def main() -> None:
         default=float(os.environ.get("PBE_REPLAY_LATENCY_S", "0")),
         help="seconds every answer takes (default: PBE_REPLAY_LATENCY_S, else 0)",
     )
+    parser.add_argument(
+        "--seed-split",
+        action="store_true",
+        default=os.environ.get("PBE_REPLAY_SEED_SPLIT", "0") == "1",
+        help="odd seeds give up without code (default: PBE_REPLAY_SEED_SPLIT=1)",
+    )
     args = parser.parse_args()
-    app = create_app(args.trajectories, args.model_name, latency_s=max(0.0, args.latency))
+    app = create_app(args.trajectories, args.model_name, latency_s=max(0.0, args.latency), seed_split=args.seed_split)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

@@ -153,6 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("leaderboard", "per model, its best and latest completed evaluation", commands.leaderboard)
 
+    regrade = add("regrade", "grade a finished evaluation again from its stored sessions", commands.regrade)
+    regrade.add_argument("id", help="the evaluation id")
+    regrade.add_argument("--judge-url", metavar="URL", help="a new LLM judge's OpenAI-compatible base URL")
+    regrade.add_argument("--judge-model", metavar="NAME", help="the new judge's model name")
+    regrade.add_argument("--judge-mode", choices=("absolute", "pairwise"), default="absolute", help="how it judges")
+    regrade.add_argument("--judge-key-env", metavar="VAR", help="the environment variable holding the judge's key")
+
     epochs = add("epochs", "a run's epochs and its statistics: mean, 95%% interval, pass@k, pass^k", commands.epochs)
     epochs.add_argument("id", help="the id of any epoch of the run")
 

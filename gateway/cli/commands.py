@@ -166,6 +166,26 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:+.1f}" if value < 0 else f"{100 * value:.1f}"
 
 
+def regrade(args: argparse.Namespace, client: GatewayClient, printer: Printer) -> int:
+    """Ask for a regrade (with a new judge when ``--judge-url`` and ``--judge-model`` are given) and say which
+    grading it is."""
+    if bool(args.judge_url) != bool(args.judge_model):
+        raise UsageError("a new judge needs both --judge-url and --judge-model")
+    judge = None
+    if args.judge_url:
+        judge = {"endpoint": {"base_url": args.judge_url, "model": args.judge_model}, "mode": args.judge_mode}
+    judge_key = os.environ.get(args.judge_key_env) if args.judge_key_env else None
+    view = client.regrade(args.id, judge, judge_key)
+    if args.json:
+        _print_json(printer, view)
+        return 0
+    printer.line(
+        f"evaluation {args.id}: grading {view['evaluation']['grading']} under way "
+        f"({view['progress']['counts'].get('grading', 0)} tasks); follow it with `pybench-eval watch {args.id}`"
+    )
+    return 0
+
+
 def epochs(args: argparse.Namespace, client: GatewayClient, printer: Printer) -> int:
     """Print a run's epochs (id, seed, status) and, per grading, its rate with the 95% interval, pass@k and
     pass^k."""
