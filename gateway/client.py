@@ -87,6 +87,11 @@ def _parse_data(lines: list[str]) -> Any:
         return text
 
 
+def _given(**fields: Any) -> dict[str, Any] | None:
+    """A request body of the ``fields`` given (not None); None when none is (the route's defaults apply)."""
+    return {name: value for name, value in fields.items() if value is not None} or None
+
+
 class GatewayClient:
     def __init__(
         self,
@@ -220,8 +225,7 @@ class GatewayClient:
     ) -> dict[str, Any]:
         """Run failed tasks again (all failed ones when ``tasks`` is None), with the evaluation's keys when given
         (a finished evaluation no longer holds them); returns the evaluation's view."""
-        fields = {"tasks": tasks, "api_key": api_key, "judge_api_key": judge_api_key}
-        body = {name: value for name, value in fields.items() if value is not None} or None
+        body = _given(tasks=tasks, api_key=api_key, judge_api_key=judge_api_key)
         result: dict[str, Any] = self._call("POST", f"/v1/evaluations/{evaluation_id}/retry", json=body)
         return result
 
@@ -299,8 +303,7 @@ class GatewayClient:
     ) -> dict[str, Any]:
         """Grade a finished evaluation again from its stored sessions (with ``judge``, a judge config, when
         given); returns the evaluation's view."""
-        fields = {"judge": judge, "judge_api_key": judge_api_key}
-        body = {name: value for name, value in fields.items() if value is not None} or None
+        body = _given(judge=judge, judge_api_key=judge_api_key)
         result: dict[str, Any] = self._call("POST", f"/v1/evaluations/{evaluation_id}/regrade", json=body)
         return result
 

@@ -192,17 +192,22 @@ def _reconcile_one(
     """Queue again the jobs of one evaluation that no worker has, then admit what its window has room for."""
     state = lifecycle.state
     lifecycle.hold_orphans(evaluation_id)
-    gradings = state.get(evaluation_id).grading  # a regrade's jobs carry its number (and their own ids)
+    gradings: int | None = None  # the evaluation's grading count, read once, only when a task is grading
     for index, task_state in state.task_states(evaluation_id).items():
         attempt = state.task_attempt(evaluation_id, index)
         session = SessionJob(evaluation_id=evaluation_id, task_index=index, attempt=attempt)
-        grading = GradeJob(evaluation_id=evaluation_id, task_index=index, attempt=attempt, grading=gradings)
         if task_state is TaskState.QUEUED and lifecycle.is_held(evaluation_id, index):
             continue
         if task_state in (TaskState.QUEUED, TaskState.RUNNING):
             if not _alive(redis, session_job_id(session)):
                 _requeue(lifecycle, store, suite, session, report)
-        elif task_state is TaskState.GRADING and not _alive(redis, grade_job_id(grading)):
+            continue
+        if task_state is not TaskState.GRADING:
+            continue
+        if gradings is None:  # a regrade's jobs carry its number (and their own ids)
+            gradings = state.get(evaluation_id).grading
+        grading = GradeJob(evaluation_id=evaluation_id, task_index=index, attempt=attempt, grading=gradings)
+        if not _alive(redis, grade_job_id(grading)):
             if _alive(redis, session_job_id(session)):
                 continue  # the session is still finishing
             if store.has_trajectory(evaluation_id, index, attempt):

@@ -62,7 +62,7 @@ def estimates(runs: Sequence[Sequence[Verdict]]) -> dict[str, Any]:
     category, JSON-ready: ``{grading: {"all": {...}, "per_category": {name: {...}}}}``."""
     graded: dict[str, Any] = {}
     for grading in GRADINGS:
-        if grading == "judge" and not any(v.judgment is not None for verdicts in runs for v in verdicts):
+        if grading == "judge" and not _judged(runs):
             continue
         overall: RateEstimate = estimate(outcomes(runs, grading))
         graded[grading] = {

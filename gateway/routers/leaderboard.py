@@ -14,11 +14,10 @@ from pydantic import BaseModel
 
 from gateway.auth import Caller
 from gateway.deps import StateDep
-from services.comparison import outcomes
+from services.comparison import Outcomes, outcomes
 from services.estimates import compare, estimate
 from services.evaluation import Evaluation, EvaluationStatus
 from services.metrics import compute_metrics
-from services.verdict import Verdict
 
 router = APIRouter(prefix="/v1/leaderboard", tags=["leaderboard"])
 
@@ -82,7 +81,7 @@ def _group(evaluation: Evaluation) -> str:
 )
 def get_leaderboard(caller: Caller, state: StateDep) -> list[LeaderboardRow]:
     groups: dict[str, dict[str, list[tuple[Evaluation, Standing]]]] = {}
-    verdicts_of: dict[str, list[Verdict]] = {}
+    outcomes_of: dict[str, Outcomes] = {}
     owner = None if caller.admin else caller.id
     for evaluation_id, _ in state.evaluation_ids(owner, limit=MAX_EVALUATIONS):
         progress = state.progress(evaluation_id)
@@ -91,8 +90,8 @@ def get_leaderboard(caller: Caller, state: StateDep) -> list[LeaderboardRow]:
         evaluation = state.get(evaluation_id)
         verdicts = state.verdicts(evaluation_id)
         metrics = compute_metrics(verdicts, evaluation.prices)
-        interval = estimate(outcomes([verdicts], "original"))
-        verdicts_of[evaluation_id] = verdicts
+        outcomes_of[evaluation_id] = outcomes([verdicts], "original")
+        interval = estimate(outcomes_of[evaluation_id])
         standing = Standing(
             evaluation_id=evaluation_id,
             created_at=evaluation.created_at,
@@ -133,9 +132,9 @@ def get_leaderboard(caller: Caller, state: StateDep) -> list[LeaderboardRow]:
         rows.sort(key=lambda row: row.best.pass_rate, reverse=True)
         for rank, row in enumerate(rows, start=1):
             row.rank = rank
-        leader = outcomes([verdicts_of[rows[0].best.evaluation_id]], "original")
+        leader = outcomes_of[rows[0].best.evaluation_id]
         for row in rows[1:]:
-            paired = compare(leader, outcomes([verdicts_of[row.best.evaluation_id]], "original"))
+            paired = compare(leader, outcomes_of[row.best.evaluation_id])
             row.p_value_vs_leader = paired.p_value
             row.separable_from_leader = None if paired.p_value is None else paired.p_value < SEPARABLE_P
         board += rows
