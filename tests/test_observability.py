@@ -214,7 +214,7 @@ def test_worker_metrics_listen_on_the_route_to_redis_or_the_address_given(redis_
     taken as it is; anything else is refused with what to set."""
     assert metrics_address("route-to:redis", redis_url) == "127.0.0.1"
     assert metrics_address("route-to:redis", "redis://:pw@localhost:6379/0") in ("127.0.0.1", "::1")
-    assert metrics_address("10.1.2.3", redis_url) == "10.1.2.3"
+    assert metrics_address("127.0.0.2", redis_url) == "127.0.0.2"
     for bad in ("eth0", "0.0.0.0.0", ""):
         with pytest.raises(ConfigurationError, match="PBE_METRICS_HOST"):
             metrics_address(bad, redis_url)

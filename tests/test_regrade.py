@@ -78,8 +78,8 @@ def test_a_finished_evaluation_is_graded_again_with_a_new_judge_and_no_session(
     assert before["complete"] and all(v["judgment"] is None for v in before["verdicts"])
 
     refused = api.post(f"/v1/evaluations/{evaluation_id}/regrade", json={"judge": {"endpoint": {
-        "base_url": "http://10.255.255.1:8000/v1", "model": "j"}}})  # fmt: skip
-    assert refused.status_code == 403  # an internal address not allowed: refused before any connection
+        "base_url": "http://127.0.0.2:9/v1", "model": "j"}}})  # fmt: skip
+    assert refused.status_code == 403  # a loopback address not on the allowlist: refused before any connection
 
     server = JudgeServer()
     server.script(
