@@ -5,6 +5,8 @@ store on disk (the browser tests are in test_dashboard_browser.py)."""
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree
 
 import httpx
 import pytest
@@ -18,7 +20,7 @@ from services.apikeys import ApiKeyStore
 from services.lifecycle import TaskLifecycle
 from services.state import StateStore
 from services.store import ArtifactStore
-from services.verdict import Verdict, VerdictStatus
+from services.verdict import GradingOutcome, JudgeMode, Judgment, JudgmentStatus, Verdict, VerdictStatus
 from tests import dashboard_data as data
 from tests.fixtures import ADMIN_KEY, gateway_settings
 
@@ -312,3 +314,139 @@ def test_the_evaluation_page_states_each_rate_with_its_interval(
         page = browser.get(f"/dashboard/evaluations/{evaluation_id}")
     assert page.status_code == 200
     assert "30.0% [0.0–64.6] of 10" in page.text
+
+
+SVG = "{http://www.w3.org/2000/svg}"
+"""The namespace of the charts' elements, as ElementTree names them."""
+
+
+def _chart(page: str) -> ElementTree.Element:
+    """The page's rate chart, parsed (the inline SVG in the page's chart box)."""
+    start = page.index("<svg", page.index('class="chart-box"'))
+    return ElementTree.fromstring(page[start : page.index("</svg>", start) + len("</svg>")])
+
+
+def _error_bars(chart: ElementTree.Element) -> dict[tuple[str, str], ElementTree.Element]:
+    """The chart's error bars by (series, group)."""
+    found: dict[tuple[str, str], ElementTree.Element] = {}
+    for bar in chart.iter(f"{SVG}g"):
+        if bar.get("class") == "error-bar":
+            key = (bar.get("data-series", ""), bar.get("data-group", ""))
+            assert key not in found, f"two error bars for {key}"
+            found[key] = bar
+    return found
+
+
+def _bounds(bar: ElementTree.Element) -> tuple[float, float]:
+    return float(bar.get("data-low", "nan")), float(bar.get("data-high", "nan"))
+
+
+def _known_intervals(statistics: dict[str, Any], grading: str) -> dict[str, tuple[float, float]]:
+    """The groups of a rate chart (``all`` and the categories) for which the results' ``statistics`` give
+    ``grading`` an interval, with its bounds."""
+    rows = {"all": statistics[grading]["all"], **statistics[grading]["per_category"]}
+    return {group: (row["ci_low"], row["ci_high"]) for group, row in rows.items() if row["ci_low"] is not None}
+
+
+def _check_drawn_at_its_bounds(chart: ElementTree.Element, bar: ElementTree.Element, rate: float) -> None:
+    """The error bar's line stands on its own bar and runs from its low to its high end, on the scale of that bar
+    (whose height is ``rate``, above 0)."""
+    series, group = bar.get("data-series"), bar.get("data-group")
+    (rect,) = [
+        r for r in chart.iter(f"{SVG}rect") if (r.findtext(f"{SVG}title") or "").startswith(f"{series} · {group}: ")
+    ]
+    x, y, width, height = (float(rect.get(name, "nan")) for name in ("x", "y", "width", "height"))
+    assert rate > 0
+    per_unit = height / rate
+    (line,) = [line for line in bar.iter(f"{SVG}line") if line.get("x1") == line.get("x2")]
+    top, bottom = sorted(float(line.get(end, "nan")) for end in ("y1", "y2"))
+    low, high = _bounds(bar)
+    assert bottom == pytest.approx(y + height - per_unit * low, abs=0.3), (series, group, "low end")
+    assert top == pytest.approx(y + height - per_unit * high, abs=0.3), (series, group, "high end")
+    assert x < float(line.get("x1", "nan")) < x + width, (series, group, "beside its bar")
+
+
+def _graded(
+    evaluation_id: str,
+    index: int,
+    category: str,
+    status: VerdictStatus,
+    fixed: VerdictStatus | None = None,
+    judged: JudgmentStatus | None = None,
+) -> Verdict:
+    """A verdict with the fixed tests' status and the judge's, where given."""
+    judgment = None
+    if judged is not None:
+        judgment = Judgment(mode=JudgeMode.ABSOLUTE, status=judged, judge_model="j", prompt_hash="0" * 64)
+    return Verdict(
+        evaluation_id=evaluation_id,
+        task_index=index,
+        attempt=1,
+        paper_category=category,
+        status=status,
+        fixed=GradingOutcome(status=fixed) if fixed is not None else None,
+        judgment=judgment,
+    )
+
+
+def test_the_charts_draw_each_known_interval_as_an_error_bar_and_no_other(
+    settings: GatewaySettings, api: TestClient, redis_client: Redis
+) -> None:
+    """Chart: 10 tasks, 5 pass (50.0% [12.3-87.7]), 6 by the fixed tests, 2 by the judge (task 11 unjudged); Text:
+    a pass, a fail and an infrastructure error; Math: one task (one task gives no interval); Software: only an
+    infrastructure error (nothing decided). Error bars where the results' statistics have an interval, at exactly
+    its bounds, and none elsewhere; on the compare page the same for each evaluation's series."""
+    passed, failed, broken = VerdictStatus.PASSED, VerdictStatus.FAILED, VerdictStatus.INFRA_ERROR
+    yes, no = JudgmentStatus.PASSED, JudgmentStatus.FAILED
+    chart_tasks = list(range(2, 12))
+    tasks = [*chart_tasks, 12, 13, 14, 15, 16]
+    models = ("m-one", "m-two")
+    bodies = [
+        {"model": {"base_url": "http://127.0.0.1:9/v1", "model": m}, "tasks": tasks, "prompt": "gpt"} for m in models
+    ]
+    ids = [api.post("/v1/evaluations", json=body).json()["evaluation"]["id"] for body in bodies]
+    lifecycle = TaskLifecycle(redis_client)
+    for index in chart_tasks:
+        judged = None if index == 11 else yes if index <= 3 else no
+        one = _graded(
+            ids[0], index, "Chart", passed if index <= 6 else failed, passed if index <= 7 else failed, judged
+        )
+        lifecycle.record_verdict(one)
+        lifecycle.record_verdict(_graded(ids[1], index, "Chart", passed if index <= 8 else failed))
+    for evaluation_id in ids:
+        lifecycle.record_verdict(_graded(evaluation_id, 12, "Text", passed, passed, yes))
+        lifecycle.record_verdict(_graded(evaluation_id, 13, "Text", failed, failed, no))
+        lifecycle.record_verdict(_graded(evaluation_id, 14, "Text", broken))
+        lifecycle.record_verdict(_graded(evaluation_id, 15, "Math", passed, passed, yes))
+        lifecycle.record_verdict(_graded(evaluation_id, 16, "Software", broken))
+    results = [api.get(f"/v1/evaluations/{i}/results").json() for i in ids]
+    statistics, metrics = results[0]["statistics"], results[0]["metrics"]
+    expected = {
+        (series, group): bounds
+        for grading, series in (("original", "original"), ("fixed", "fixed"), ("judge", "LLM judge"))
+        for group, bounds in _known_intervals(statistics, grading).items()
+    }
+    assert set(expected) == {(s, g) for s in ("original", "fixed", "LLM judge") for g in ("all", "Chart", "Text")}
+    assert expected[("original", "Chart")] == (0.122974, 0.877026)  # 0.5 -+ 2.2622 x 0.16667
+    with _client(settings) as browser:
+        sign_in(browser, ADMIN_KEY)
+        page = browser.get(f"/dashboard/evaluations/{ids[0]}").text
+        compare = browser.get(f"/dashboard/compare?ids={ids[0]}&ids={ids[1]}").text
+    chart = _chart(page)
+    bars = _error_bars(chart)
+    assert {key: _bounds(bar) for key, bar in bars.items()} == expected  # none for Math and Software
+    title = bars[("original", "Chart")].findtext(f"{SVG}title") or ""
+    assert "95% CI 12.3–87.7%" in title and "over the 10 tasks decided" in title
+    rates = {"original": metrics, "fixed": metrics["fixed"], "LLM judge": metrics["llm"]}
+    for (series, group), bar in bars.items():
+        rate = rates[series]["pass_rate"] if group == "all" else rates[series]["per_category"][group]["pass_rate"]
+        _check_drawn_at_its_bounds(chart, bar, rate)
+    compared = _error_bars(_chart(compare))
+    assert len(compared) == 6
+    for model, evaluation_id, result in zip(models, ids, results, strict=True):
+        mine = {
+            group: _bounds(bar)
+            for (series, group), bar in compared.items()
+            if series == f"{model} ({evaluation_id[:8]})"
+        }
+        assert mine == _known_intervals(result["statistics"], "original")

@@ -100,6 +100,35 @@ def _until(driver: Any, condition: Callable[[Any], Any], timeout_s: float = 15) 
     return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(condition)
 
 
+ERROR_BAR = """
+const bar = document.querySelector(`g.error-bar[data-series="${arguments[0]}"][data-group="${arguments[1]}"]`);
+if (!bar) return null;
+const named = `${arguments[0]} · ${arguments[1]}: `;
+const rect = [...bar.parentNode.querySelectorAll("rect > title")].find(t => t.textContent.startsWith(named)).parentNode;
+const line = [...bar.querySelectorAll("line")].find(l => l.getAttribute("x1") === l.getAttribute("x2"));
+const drawn = line.getBoundingClientRect(), under = rect.getBoundingClientRect();
+return {low: Number(bar.dataset.low), high: Number(bar.dataset.high), title: bar.querySelector("title").textContent,
+        top: drawn.top, bottom: drawn.bottom, x: drawn.left, bar_bottom: under.bottom, bar_height: under.height,
+        bar_left: under.left, bar_right: under.right};
+"""
+"""The error bar of a series in a group of the page's chart, as the browser laid it out (its line's and its bar's
+positions on screen), or null."""
+
+
+def _error_bar(driver: Any, series: str, group: str) -> dict[str, Any]:
+    drawn = driver.execute_script(ERROR_BAR, series, group)
+    assert drawn is not None, f"no error bar for {series} in {group}"
+    return dict(drawn)
+
+
+def _check_drawn_at_its_bounds(drawn: dict[str, Any], rate: float) -> None:
+    """The error bar's line stands on its bar and spans its bounds on that bar's scale (the bar is ``rate`` high)."""
+    per_unit = drawn["bar_height"] / rate
+    assert drawn["bottom"] == pytest.approx(drawn["bar_bottom"] - per_unit * drawn["low"], abs=1.0)
+    assert drawn["top"] == pytest.approx(drawn["bar_bottom"] - per_unit * drawn["high"], abs=1.0)
+    assert drawn["bar_left"] < drawn["x"] < drawn["bar_right"]
+
+
 def test_sign_in_keeps_the_key_out_of_the_browser(browser: Any, gateway: str) -> None:
     browser.get(f"{gateway}/dashboard/login")
     _shot(browser, "login")
@@ -256,8 +285,9 @@ def test_every_page_reads_with_javascript_off(
 def test_the_intervals_and_the_paired_test_read_in_a_browser(
     browser: Any, gateway: str, api: httpx.Client, redis_client: Redis, store: ArtifactStore
 ) -> None:
-    """Ten tasks: model-a passes all, model-b nine (the evaluation page's interval [67.4, 100]); the compare page
-    gives the paired test (one discordant task: McNemar p = 1) and the leaderboard marks model-b not separable."""
+    """Ten tasks: model-a passes all, model-b nine (the evaluation page's interval [67.4, 100], drawn as error bars
+    on its chart as the API gives it); the compare page gives the paired test (one discordant task: McNemar p = 1)
+    and the leaderboard marks model-b not separable."""
     tasks = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     first, second = data.submit(api, tasks, "model-a"), data.submit(api, tasks, "model-b")
     for task in tasks:
@@ -267,7 +297,23 @@ def test_the_intervals_and_the_paired_test_read_in_a_browser(
     _sign_in(browser, gateway, ADMIN_KEY, then=f"/dashboard/evaluations/{second['id']}")
     intervals = browser.find_element(By.CSS_SELECTOR, "table.intervals").text
     assert "90.0% [67.4–100.0] of 10" in intervals
+    results = api.get(f"/v1/evaluations/{second['id']}/results").json()
+    for grading in ("original", "fixed"):  # the judge graded nothing: no LLM judge series
+        parts = results["statistics"][grading]
+        for group, row in (("all", parts["all"]), ("Chart", parts["per_category"]["Chart"])):
+            drawn = _error_bar(browser, grading, group)
+            assert (drawn["low"], drawn["high"]) == (row["ci_low"], row["ci_high"])
+            assert (drawn["low"], drawn["high"]) == pytest.approx((0.674, 1.0), abs=5e-4)
+            assert "95% CI 67.4–100.0%" in drawn["title"]
+            _check_drawn_at_its_bounds(drawn, rate=0.9)
+    assert not browser.find_elements(By.CSS_SELECTOR, "g.error-bar[data-series='LLM judge']")
     browser.get(f"{gateway}/dashboard/compare?ids={first['id']}&ids={second['id']}")
+    compared = _error_bar(browser, f"model-b ({second['id'][:8]})", "all")
+    overall = results["statistics"]["original"]["all"]
+    assert (compared["low"], compared["high"]) == (overall["ci_low"], overall["ci_high"])
+    _check_drawn_at_its_bounds(compared, rate=0.9)
+    all_passed = _error_bar(browser, f"model-a ({first['id'][:8]})", "all")
+    assert (all_passed["low"], all_passed["high"]) == (1.0, 1.0)  # every task passed: no spread, a flat bar
     paired = browser.find_element(By.CSS_SELECTOR, "table.paired").text
     assert "-10.0 pt" in paired and "mcnemar-exact" in paired and " 1 " in f" {paired} "
     _shot(browser, "compare-paired")

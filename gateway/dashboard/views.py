@@ -2,6 +2,7 @@
 page, returning plain data the templates lay out. None of them checks access (``access.visible_evaluation`` does,
 before them)."""
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -10,7 +11,7 @@ from urllib.parse import quote
 
 from markupsafe import Markup
 
-from gateway.dashboard.charts import Series, grouped_bars
+from gateway.dashboard.charts import Interval, Series, grouped_bars
 from gateway.dashboard.conversation import Block, conversation
 from gateway.dashboard.files import kind, output_path, reference_names, suite_path
 from gateway.dashboard.previews import Preview, preview
@@ -120,19 +121,44 @@ class EvaluationPage:
     filters: dict[str, str] = field(default_factory=dict)
 
 
-def rate_chart(metrics: Metrics, title: str) -> Markup:
-    """Pass rates (original, fixed, LLM judge) overall and per PyBench category, as one grouped bar chart."""
+def _interval_of(statistics: Mapping[str, Any], grading: str, category: str | None) -> Interval | None:
+    """The 95% interval of ``grading``'s pass rate (``category`` None: over the suite) in a results document's
+    ``statistics`` (``services.comparison.estimates``), or None when it has none (no such grading or category, or
+    too few tasks decided for an interval)."""
+    parts = statistics.get(grading)
+    if not parts:
+        return None
+    row = parts["all"] if category is None else parts["per_category"].get(category)
+    if not row or row.get("ci_low") is None or row.get("ci_high") is None:
+        return None
+    return Interval(low=row["ci_low"], high=row["ci_high"], mean=row["mean"], tasks=row["tasks"])
+
+
+def _intervals(statistics: Mapping[str, Any], grading: str, categories: list[str]) -> list[Interval | None]:
+    """One interval per group of a rate chart: over the suite, then per category."""
+    return [_interval_of(statistics, grading, None), *(_interval_of(statistics, grading, c) for c in categories)]
+
+
+def rate_chart(metrics: Metrics, statistics: Mapping[str, Any], title: str) -> Markup:
+    """Pass rates (original, fixed, LLM judge) overall and per PyBench category, as one grouped bar chart, each bar
+    with its 95% interval from ``statistics`` (a results document's) where there is one."""
     categories = [c for c in PAPER_CATEGORIES if c in metrics.per_category]
     groups = ["all", *categories]
-    series = [Series("original", [metrics.pass_rate, *(metrics.per_category[c].pass_rate for c in categories)])]
+    series = [
+        Series(
+            "original",
+            [metrics.pass_rate, *(metrics.per_category[c].pass_rate for c in categories)],
+            _intervals(statistics, "original", categories),
+        )
+    ]
     if metrics.fixed is not None:
         fixed = metrics.fixed
         values = [fixed.per_category[c].pass_rate if c in fixed.per_category else None for c in categories]
-        series.append(Series("fixed", [fixed.pass_rate, *values]))
+        series.append(Series("fixed", [fixed.pass_rate, *values], _intervals(statistics, "fixed", categories)))
     if metrics.llm is not None:
         llm = metrics.llm
         values = [llm.per_category[c].pass_rate if c in llm.per_category else None for c in categories]
-        series.append(Series("LLM judge", [llm.pass_rate, *values]))
+        series.append(Series("LLM judge", [llm.pass_rate, *values], _intervals(statistics, "judge", categories)))
     return grouped_bars(groups, series, title=title)
 
 
@@ -183,7 +209,7 @@ def evaluation_page(
         progress=progress,
         done=progress.finished,
         results=results,
-        chart=rate_chart(results.metrics, f"Pass rates of {evaluation.model.model}"),
+        chart=rate_chart(results.metrics, results.statistics, f"Pass rates of {evaluation.model.model}"),
         rows=kept,
         all_rows=len(rows),
         categories=sorted({row.category for row in rows if row.category}),
@@ -315,10 +341,11 @@ class ComparePage:
 def compare_page(state: StateStore, suite: Suite, evaluations: list[Evaluation]) -> ComparePage:
     """Two or more evaluations side by side, task by task, over the union of their tasks."""
     verdicts = [{v.task_index: v for v in state.verdicts(e.id)} for e in evaluations]
-    metrics = [
-        build_results(e.id, list(found.values()), state.complete(e.id), e.prices).metrics
+    results = [
+        build_results(e.id, list(found.values()), state.complete(e.id), e.prices)
         for e, found in zip(evaluations, verdicts, strict=True)
     ]
+    metrics = [r.metrics for r in results]
     tasks = sorted({index for e in evaluations for index in e.tasks})
     rows = [
         CompareRow(
@@ -336,8 +363,9 @@ def compare_page(state: StateStore, suite: Suite, evaluations: list[Evaluation])
         Series(
             f"{e.model.model} ({e.id[:8]})",
             [m.pass_rate, *(m.per_category[c].pass_rate if c in m.per_category else None for c in categories)],
+            _intervals(r.statistics, "original", categories),
         )
-        for e, m in zip(evaluations, metrics, strict=True)
+        for e, m, r in zip(evaluations, metrics, results, strict=True)
     ]
     chart = grouped_bars(["all", *categories], series, title="Pass rates side by side")
     paired_test = None
