@@ -3,8 +3,6 @@ gateway, then trajectories, produced files and verdicts written through the arti
 the executor and the grader write them."""
 
 import base64
-import zlib
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,32 +11,17 @@ from redis import Redis
 
 from services.lifecycle import TaskLifecycle
 from services.store import ArtifactStore
-from services.trajectory import EndReason, Execution, Message, SessionInfo, Trajectory, Turn
-from services.verdict import CheckResult, GradingOutcome, JudgeMode, Judgment, JudgmentStatus, Verdict, VerdictStatus
+from services.trajectory import Execution, Message, Trajectory, Turn
+from services.verdict import CheckResult, GradingOutcome, Verdict, VerdictStatus
+from tests.factories import make_judgment, make_png, make_session_info, make_submission, make_trajectory, make_verdict
 
 HOSTILE = '<script>window.pwned = 1</script><img src=x onerror="window.pwned = 2">'
 """Model output that would run in the page if it were not escaped."""
 
 
-def png(width: int = 120, height: int = 80, colour: tuple[int, int, int] = (59, 111, 182)) -> bytes:
-    """A PNG image of ``width`` x ``height`` with a diagonal band, made without any imaging library."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
-
-    rows = b"".join(
-        b"\x00"
-        + b"".join(bytes(colour) if abs(x - y * width // height) < 12 else b"\xff\xff\xff" for x in range(width))
-        for y in range(height)
-    )
-    header = width.to_bytes(4, "big") + height.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
-
-
 def submit(api: httpx.Client, tasks: list[int], model: str, **extra: Any) -> dict[str, Any]:
     """Submit an evaluation through the REST API (the replay endpoint's shape; nothing runs it)."""
-    body = {"model": {"base_url": "http://127.0.0.1:9/v1", "model": model}, "tasks": tasks, "prompt": "gpt", **extra}
-    response = api.post("/v1/evaluations", json=body)
+    response = api.post("/v1/evaluations", json=make_submission(tasks, model=model, **extra))
     assert response.status_code == 201, response.text
     evaluation: dict[str, Any] = response.json()["evaluation"]
     return evaluation
@@ -46,7 +29,7 @@ def submit(api: httpx.Client, tasks: list[int], model: str, **extra: Any) -> dic
 
 def trajectory(evaluation_id: str, task: int, *, turns: int = 2, charts: int = 1, reply: str = "") -> Trajectory:
     """A finished session of ``turns`` turns, each running a cell; the first ``charts`` cells displayed a chart."""
-    chart = base64.b64encode(png()).decode()
+    chart = base64.b64encode(make_png()).decode()
     messages = [
         Message(role="system", content="You are an AI Agent who is proficient in solve complicated task."),
         Message(role="user", content="[INFO]The data is uploaded to ./data/sales.csv"),
@@ -83,20 +66,16 @@ def trajectory(evaluation_id: str, task: int, *, turns: int = 2, charts: int = 1
         )
     messages.append(Message(role="assistant", content="Finished: the chart is saved to ./output/sales.png"))
     recorded.append(Turn(index=turns, reply=messages[-1].content, prompt_tokens=1000, completion_tokens=12))
-    return Trajectory(
-        evaluation_id=evaluation_id,
-        task_index=task,
-        attempt=1,
+    return make_trajectory(
+        evaluation_id,
+        task,
         messages=messages,
         turns=recorded,
-        end_reason=EndReason.NO_CODE,
         wall_s=12.5,
-        session=SessionInfo(
-            sandbox_backend="docker",
+        session=make_session_info(
             sandbox_id=f"sbx{task}",
             sandbox_name=f"pbe-sbx-{task}",
             image="pybench-eval/sandbox:latest",
-            started_at=datetime.now(UTC),
             ready_s=0.2,
             warm=True,
         ),
@@ -118,25 +97,23 @@ def finish(
 ) -> Verdict:
     """Store the task's session (trajectory, a PNG and a CSV it saved) and record its verdict."""
     store.put_trajectory(trajectory(evaluation["id"], task, turns=turns, charts=charts, reply=reply))
-    store.put_output_file(evaluation["id"], task, 1, "sales.png", png(colour=(46, 157, 106)))
+    store.put_output_file(evaluation["id"], task, 1, "sales.png", make_png(colour=(46, 157, 106)))
     store.put_output_file(evaluation["id"], task, 1, "summary.csv", b"month,sales\nJan,10\nFeb,<b>12</b>\n")
     passed = status is VerdictStatus.PASSED
     checks = [CheckResult(kind="file_exists", passed=passed, detail="./output/sales.png")]
-    verdict = Verdict(
-        evaluation_id=evaluation["id"],
-        task_index=task,
-        attempt=1,
-        paper_category=category,
-        status=status,
+    verdict = make_verdict(
+        evaluation["id"],
+        task,
+        status,
+        category=category,
         checks=checks,
         reason="" if passed else "file_exists failed: no ./output/sales.png",
         fixed=GradingOutcome(status=status, checks=checks),
         turns=turns + 1,
         prompt_tokens=3000,
         completion_tokens=150,
-        judgment=Judgment(
-            mode=JudgeMode.ABSOLUTE,
-            status=JudgmentStatus.PASSED if passed else JudgmentStatus.FAILED,
+        judgment=make_judgment(
+            passed,
             reason="The chart answers the query." if passed else "No chart was drawn.",
             judge_model="judge-m",
             prompt_hash="0" * 64,

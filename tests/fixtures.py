@@ -1,16 +1,32 @@
-"""Helpers shared by several test modules: a gateway's settings and a valid submission, and the project's
-sandbox objects on the Docker engine, and the compose stack under a project name of a test's own."""
+"""Helpers shared by several test modules: a gateway's settings and a valid submission, a sign-in to the dashboard,
+the project's sandbox objects on the Docker engine, the compose stack under a project name of a test's own, a task
+run and graded by the real executor and grader jobs, and a wait for a condition. The records tests build (an
+evaluation, a verdict, a trajectory ...) are in ``tests.factories``."""
 
 import contextlib
 import os
+import re
 import secrets
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
+from redis import Redis
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from gateway.dashboard.access import LOGIN_COOKIE
 from gateway.settings import GatewaySettings
+from services.evaluation import Evaluation, TaskState
+from services.lifecycle import TaskLifecycle
+from services.queues import SESSIONS_QUEUE, GradeJob, SessionJob
 from services.sandbox.contract import PROJECT, PROJECT_LABEL, ROLE_LABEL, RUNTIME_ROLES
 from services.secretbox import SecretBox
+from services.store import ArtifactStore
+from services.suite import Suite
+from services.verdict import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,6 +50,29 @@ def gateway_settings(redis_url: str, suite_path: Path, tmp_path: Path, **overrid
         "PREFLIGHT": False,
     }
     return GatewaySettings(**(values | overrides))  # type: ignore[arg-type]
+
+
+def login_form_token(client: httpx.Client) -> str:
+    """Open the dashboard's sign-in form as a browser does (its cookie is kept by ``client``); returns the form's
+    CSRF value."""
+    form = client.get("/dashboard/login")
+    assert form.status_code == 200 and LOGIN_COOKIE in form.headers["set-cookie"]
+    found = re.search(r'name="csrf" value="([^"]+)"', form.text)
+    assert found is not None
+    return found.group(1)
+
+
+def sign_in(client: httpx.Client, key: str) -> str:
+    """Sign ``client`` in to the dashboard with ``key`` through the sign-in form; returns the session's CSRF token
+    read from a page."""
+    login = {"key": key, "next": "/dashboard/runs", "csrf": login_form_token(client)}
+    response = client.post("/dashboard/login", data=login)
+    assert response.status_code == 303 and response.headers["location"] == "/dashboard/runs", response.text
+    page = client.get("/dashboard/runs")
+    assert page.status_code == 200
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found is not None
+    return found.group(1)
 
 
 def sandbox_objects(**labels: str) -> dict[tuple[str, str], dict[str, str]]:
@@ -90,6 +129,56 @@ def compose_stack(project: str, suite_path: Path, admin_key: str, **variables: s
         (ROOT / "var").mkdir(exist_ok=True)
         (ROOT / "var" / f"{project}-compose.log").write_text(logs.stdout + logs.stderr)
         compose("down", "-v", "--remove-orphans")
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.25) -> None:
+    """Return once ``condition()`` is true, asking every ``interval_s``; fail saying ``what`` was awaited when it
+    is still false after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
+        time.sleep(interval_s)
+
+
+def queued_ids(redis: Redis, queue: str) -> list[str]:
+    """The ids of the jobs waiting in ``queue``, oldest first."""
+    return Queue(queue, connection=redis, serializer=JSONSerializer).job_ids
+
+
+def run_and_grade(
+    evaluation: Evaluation, suite: Suite, redis_url: str, redis: Redis, tmp_path: Path, api_key: str | None = None
+) -> Verdict:
+    """Create the evaluation (keys held as given), run its one session with the executor's job on the local
+    backend, and grade it with the grader's job; returns the task's recorded verdict."""
+    from executor.jobs import execute_session
+    from executor.settings import ExecutorSettings
+    from grader.jobs import grade_and_record
+    from services.sandbox.registry import get_backend
+
+    settings = ExecutorSettings(
+        REDIS_URL=redis_url,
+        SUITE_PATH=suite.root,
+        ARTIFACT_ROOT=tmp_path,
+        SANDBOX_BACKEND="local",
+        SANDBOX_LOCAL_ROOT=str(tmp_path / "sandboxes"),
+        EGRESS_ALLOWLIST="127.0.0.1",
+        WARM_POOL=False,
+    )
+    lifecycle = TaskLifecycle(redis, test_secrets())
+    lifecycle.create(evaluation, suite, api_key=api_key)
+    [task] = evaluation.tasks
+    execute_session(
+        SessionJob(evaluation_id=evaluation.id, task_index=task),
+        settings=settings,
+        redis=redis,
+        backend=get_backend(settings),
+    )
+    store = ArtifactStore(tmp_path)
+    grade_and_record(GradeJob(evaluation_id=evaluation.id, task_index=task), redis=redis, suite=suite, store=store)
+    [verdict] = lifecycle.state.verdicts(evaluation.id)
+    assert lifecycle.state.task_states(evaluation.id) == {task: TaskState.DONE}
+    assert not [j for j in queued_ids(redis, SESSIONS_QUEUE) if j.startswith(f"pbe-session-{evaluation.id}-")]
+    return verdict
 
 
 def test_secrets() -> SecretBox:

@@ -18,7 +18,8 @@ from services.queues import SESSIONS_QUEUE, GradeJob, SessionJob, enqueue_gradin
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
 from services.verdict import VerdictStatus
-from tests.test_lifecycle import evaluation_of, verdict_of
+from tests.factories import make_evaluation, make_verdict
+from tests.fixtures import queued_ids
 
 RUNNABLE = [2, 3, 5, 7, 14, 16, 30, 44, 46, 50]
 """Ten tasks of the suite whose inputs are all in this copy."""
@@ -27,10 +28,6 @@ RUNNABLE = [2, 3, 5, 7, 14, 16, 30, 44, 46, 50]
 @pytest.fixture()
 def suite(suite_path: Path) -> Suite:
     return load_suite(suite_path)
-
-
-def queue_ids(redis: Redis) -> list[str]:
-    return Queue(SESSIONS_QUEUE, connection=redis, serializer=JSONSerializer).job_ids
 
 
 def take(redis: Redis) -> SessionJob:
@@ -46,10 +43,10 @@ def test_at_most_max_concurrency_sessions_are_out_and_each_end_admits_the_next(
 ) -> None:
     assert all(suite.task(i).available for i in RUNNABLE)
     lifecycle = TaskLifecycle(redis_client)
-    evaluation = evaluation_of("adm1", RUNNABLE, suite, max_concurrency=3)
+    evaluation = make_evaluation("adm1", RUNNABLE, suite=suite, max_concurrency=3)
     lifecycle.create(evaluation, suite)
     assert lifecycle.queue_sessions(evaluation) == sorted(RUNNABLE)
-    assert queue_ids(redis_client) == [f"pbe-session-adm1-{i}-a1" for i in sorted(RUNNABLE)[:3]]
+    assert queued_ids(redis_client, SESSIONS_QUEUE) == [f"pbe-session-adm1-{i}-a1" for i in sorted(RUNNABLE)[:3]]
     assert lifecycle.window.held("adm1") == sorted(RUNNABLE)[3:]
     # every task still reads "queued": held or admitted is the window's business
     assert set(lifecycle.state.task_states("adm1").values()) == {TaskState.QUEUED}
@@ -60,7 +57,7 @@ def test_at_most_max_concurrency_sessions_are_out_and_each_end_admits_the_next(
         assert lifecycle.start(job)
         started.append(job.task_index)
         states = lifecycle.state.task_states("adm1")
-        out = sum(1 for s in states.values() if s is TaskState.RUNNING) + len(queue_ids(redis_client))
+        out = sum(1 for s in states.values() if s is TaskState.RUNNING) + len(queued_ids(redis_client, SESSIONS_QUEUE))
         assert out <= 3 and lifecycle.window.in_flight("adm1") <= 3
         lifecycle.finish_session(job)
     assert started == sorted(RUNNABLE)  # first held, first admitted
@@ -69,8 +66,8 @@ def test_at_most_max_concurrency_sessions_are_out_and_each_end_admits_the_next(
 
 def test_two_evaluations_take_turns_on_the_shared_queue(redis_client: Redis, suite: Suite) -> None:
     lifecycle = TaskLifecycle(redis_client)
-    first = evaluation_of("early", RUNNABLE, suite, max_concurrency=2)
-    second = evaluation_of("late", RUNNABLE, suite, max_concurrency=2)
+    first = make_evaluation("early", RUNNABLE, suite=suite, max_concurrency=2)
+    second = make_evaluation("late", RUNNABLE, suite=suite, max_concurrency=2)
     for evaluation in (first, second):  # the second is submitted after the whole of the first
         lifecycle.create(evaluation, suite)
         lifecycle.queue_sessions(evaluation)
@@ -108,20 +105,20 @@ def test_concurrent_admissions_never_pass_the_limit(redis_client: Redis) -> None
 
 def test_cancel_empties_the_line_and_a_retry_goes_first(redis_client: Redis, suite: Suite) -> None:
     lifecycle = TaskLifecycle(redis_client)
-    evaluation = evaluation_of("adm2", RUNNABLE[:5], suite, max_concurrency=1)
+    evaluation = make_evaluation("adm2", RUNNABLE[:5], suite=suite, max_concurrency=1)
     lifecycle.create(evaluation, suite)
     lifecycle.queue_sessions(evaluation)
     job = take(redis_client)
     assert lifecycle.start(job)
     lifecycle.finish_session(job)  # admits the second task
-    broke = verdict_of("adm2", job.task_index, VerdictStatus.INFRA_ERROR, retryable=True)
+    broke = make_verdict("adm2", job.task_index, VerdictStatus.INFRA_ERROR, retryable=True)
     assert lifecycle.record_verdict(broke).retried_as == 2
     assert lifecycle.window.held("adm2")[0] == job.task_index  # before the three never run
 
     cancelled = lifecycle.cancel("adm2")
     assert sorted(cancelled) == sorted(RUNNABLE[1:5] + [job.task_index])
     assert lifecycle.window.held("adm2") == [] and lifecycle.window.in_flight("adm2") == 0
-    assert queue_ids(redis_client) == []
+    assert queued_ids(redis_client, SESSIONS_QUEUE) == []
     assert lifecycle.admit("adm2") == []  # nothing is admitted once cancelled
 
 
@@ -130,13 +127,13 @@ def test_the_reconciler_leaves_held_tasks_waiting_and_fills_the_window(
 ) -> None:
     store = ArtifactStore(tmp_path / "artifacts")
     lifecycle = TaskLifecycle(redis_client)
-    evaluation = evaluation_of("adm3", RUNNABLE[:6], suite, max_concurrency=2)
+    evaluation = make_evaluation("adm3", RUNNABLE[:6], suite=suite, max_concurrency=2)
     store.put_evaluation(evaluation)
     lifecycle.create(evaluation, suite)
     lifecycle.queue_sessions(evaluation)
     report = reconcile(redis_client, store, suite)
     assert report.sessions == [] and report.admitted == []  # two queued jobs alive, four held by design
-    assert len(queue_ids(redis_client)) == 2
+    assert len(queued_ids(redis_client, SESSIONS_QUEUE)) == 2
 
     # a crash between a session's end and the next admission: the window has room and nobody admitted
     job = take(redis_client)

@@ -26,7 +26,7 @@ import pytest
 from gateway.client import GatewayClient, GatewayError, GatewayUnreachableError
 from services.sandbox.contract import EVALUATION_LABEL, GRADING_ROLE, ROLE_LABEL, SANDBOX_ROLE, WORKER_LABEL
 from services.suite import load_suite
-from tests.fixtures import compose_stack, sandbox_objects
+from tests.fixtures import compose_stack, sandbox_objects, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.compose, pytest.mark.docker, pytest.mark.slow]
 
@@ -112,13 +112,6 @@ def submit(stack: Stack) -> str:
         }
     )
     return str(view["evaluation"]["id"])
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.25)
 
 
 def ask(call: Callable[[], Any]) -> Any:

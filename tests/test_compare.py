@@ -1,7 +1,6 @@
 """Paired comparison over REST (``GET /v1/compare``) and the statistics in every results document: values worked
 by hand, comparable runs only, completed runs only, another key's runs invisible."""
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,8 +13,9 @@ from gateway.app import create_app
 from services.apikeys import ApiKeyStore
 from services.lifecycle import TaskLifecycle
 from services.suite import load_suite
-from services.verdict import Verdict, VerdictStatus
-from tests.fixtures import ADMIN_KEY, gateway_settings
+from services.verdict import VerdictStatus
+from tests.factories import make_submission, make_verdict
+from tests.fixtures import ADMIN_KEY, gateway_settings, sign_in
 
 TASKS = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
 """Ten tasks whose inputs are in the suite."""
@@ -30,10 +30,7 @@ def api(redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path) -
 
 def _run(api: httpx.Client, redis: Redis, suite_path: Path, passed: set[int], **body: object) -> str:
     """An evaluation of ``TASKS`` whose verdicts pass exactly ``passed`` (the others fail)."""
-    submitted = api.post(
-        "/v1/evaluations",
-        json={"model": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}, "tasks": TASKS, "prompt": "gpt", **body},
-    )
+    submitted = api.post("/v1/evaluations", json=make_submission(TASKS, **body))
     assert submitted.status_code == 201, submitted.text
     evaluation_id = str(submitted.json()["evaluation"]["id"])
     suite = load_suite(suite_path)
@@ -41,9 +38,7 @@ def _run(api: httpx.Client, redis: Redis, suite_path: Path, passed: set[int], **
     for task in TASKS:
         status = VerdictStatus.PASSED if task in passed else VerdictStatus.FAILED
         category = suite.task(task).paper_category
-        lifecycle.record_verdict(
-            Verdict(evaluation_id=evaluation_id, task_index=task, attempt=1, paper_category=category, status=status)
-        )
+        lifecycle.record_verdict(make_verdict(evaluation_id, task, status, category=category))
     return evaluation_id
 
 
@@ -106,7 +101,7 @@ def test_the_leaderboard_gives_each_rate_its_interval_and_marks_who_is_not_separ
     # Leader "a" passes all ten; "b" passes nine (discordant 1 and 0: p = 1, not separable); "c" passes one
     # (discordant 9 and 0: p = 2 / 2^9 = 0.00390625, separable).
     for model, passed in (("a", set(TASKS)), ("b", set(TASKS) - {2}), ("c", {2})):
-        _run(api, redis_client, suite_path, passed, model={"base_url": "http://127.0.0.1:9/v1", "model": model})
+        _run(api, redis_client, suite_path, passed, model=model)
     board = {row["model"]: row for row in api.get("/v1/leaderboard").json()}
     assert [board[m]["rank"] for m in "abc"] == [1, 2, 3]
     assert board["a"]["p_value_vs_leader"] is None and board["a"]["separable_from_leader"] is None
@@ -122,12 +117,9 @@ def test_the_dashboards_leaderboard_shows_the_intervals_and_who_is_not_separable
     redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path, api: TestClient
 ) -> None:
     for model, passed in (("a", set(TASKS)), ("b", set(TASKS) - {2})):
-        _run(api, redis_client, suite_path, passed, model={"base_url": "http://127.0.0.1:9/v1", "model": model})
+        _run(api, redis_client, suite_path, passed, model=model)
     with TestClient(create_app(gateway_settings(redis_url, suite_path, tmp_path)), follow_redirects=False) as browser:
-        form = browser.get("/dashboard/login")
-        token = re.search(r'name="csrf" value="([^"]+)"', form.text)
-        assert token is not None
-        browser.post("/dashboard/login", data={"key": ADMIN_KEY, "next": "/dashboard/runs", "csrf": token.group(1)})
+        sign_in(browser, ADMIN_KEY)
         page = browser.get("/dashboard/leaderboard").text
     assert "67.4%–100.0%" in page  # "b": 0.9 - 2.262157 x 0.1 = 0.674
     assert "<em>not separable</em> (p = 1)" in page

@@ -2,19 +2,17 @@
 output shown as text, files answered safely, and every page rendering. Real Redis, the gateway app, the artifact
 store on disk (the browser tests are in test_dashboard_browser.py)."""
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 from redis import Redis
 
 from gateway.app import create_app
-from gateway.dashboard.access import COOKIE, LOGIN_COOKIE
+from gateway.dashboard.access import COOKIE
 from gateway.settings import GatewaySettings
 from services.apikeys import ApiKeyStore
 from services.lifecycle import TaskLifecycle
@@ -22,7 +20,7 @@ from services.state import StateStore
 from services.store import ArtifactStore
 from services.verdict import GradingOutcome, JudgeMode, Judgment, JudgmentStatus, Verdict, VerdictStatus
 from tests import dashboard_data as data
-from tests.fixtures import ADMIN_KEY, gateway_settings
+from tests.fixtures import ADMIN_KEY, gateway_settings, login_form_token, sign_in
 
 
 @pytest.fixture()
@@ -46,27 +44,6 @@ def _client(settings: GatewaySettings, key: str | None = None) -> TestClient:
 def api(settings: GatewaySettings) -> Iterator[TestClient]:
     with _client(settings, ADMIN_KEY) as client:
         yield client
-
-
-def login_form_token(client: httpx.Client) -> str:
-    """Open the sign-in form as a browser does (its cookie is kept by ``client``); returns the form's CSRF value."""
-    form = client.get("/dashboard/login")
-    assert form.status_code == 200 and LOGIN_COOKIE in form.headers["set-cookie"]
-    found = re.search(r'name="csrf" value="([^"]+)"', form.text)
-    assert found is not None
-    return found.group(1)
-
-
-def sign_in(client: httpx.Client, key: str) -> str:
-    """Sign ``client`` in with ``key`` through the sign-in form; returns the session's CSRF token read from a page."""
-    login = {"key": key, "next": "/dashboard/runs", "csrf": login_form_token(client)}
-    response = client.post("/dashboard/login", data=login)
-    assert response.status_code == 303 and response.headers["location"] == "/dashboard/runs", response.text
-    page = client.get("/dashboard/runs")
-    assert page.status_code == 200
-    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
-    assert found is not None
-    return found.group(1)
 
 
 def test_pages_need_a_session_and_sign_in_sets_a_safe_cookie(settings: GatewaySettings) -> None:

@@ -15,7 +15,8 @@ from gateway.app import create_app
 from services.epochs import epoch_seed
 from services.lifecycle import TaskLifecycle
 from services.queues import SESSIONS_QUEUE
-from services.verdict import Verdict, VerdictStatus
+from services.verdict import VerdictStatus
+from tests.factories import make_submission, make_verdict
 from tests.fixtures import ADMIN_KEY, gateway_settings
 
 TASKS = [2, 3, 4, 5]
@@ -32,8 +33,7 @@ def api(redis_url: str, redis_client: Redis, suite_path: Path, tmp_path: Path) -
 
 
 def _submit(api: TestClient, **fields: object) -> dict[str, Any]:
-    body = {"model": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}, "tasks": TASKS, "prompt": "gpt", **fields}
-    answer = api.post("/v1/evaluations", json=body)
+    answer = api.post("/v1/evaluations", json=make_submission(TASKS, **fields))
     assert answer.status_code == 201, answer.text
     return dict(answer.json())
 
@@ -71,9 +71,7 @@ def test_the_runs_statistics_match_the_table_worked_by_hand(api: TestClient, red
     lifecycle = TaskLifecycle(redis_client)
     for task, statuses in OUTCOMES.items():
         for evaluation_id, status in zip(ids, statuses, strict=True):
-            lifecycle.record_verdict(
-                Verdict(evaluation_id=evaluation_id, task_index=task, attempt=1, paper_category="Chart", status=status)
-            )
+            lifecycle.record_verdict(make_verdict(evaluation_id, task, status))
     run = api.get(f"/v1/evaluations/{first['id']}/epochs").json()
     assert run["complete"] is True and all(e["status"] == "completed" for e in run["epochs"])
     overall = run["statistics"]["original"]["all"]

@@ -14,12 +14,12 @@ import pytest
 from redis import Redis
 
 from executor.replay.server import create_app
-from services.evaluation import ModelEndpoint, TaskState
+from services.evaluation import TaskState
 from services.lifecycle import TaskLifecycle
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
+from tests.factories import make_evaluation
 from tests.servers import serve
-from tests.test_lifecycle import evaluation_of
 
 TASKS = [44, 78, 84, 103, 112, 126, 134, 135]
 """Eight recorded tasks with their inputs in this copy, two replies each, none of which tries the network (the
@@ -61,9 +61,9 @@ def test_one_worker_runs_sessions_at_once_up_to_each_evaluations_max_concurrency
 ) -> None:
     lifecycle = TaskLifecycle(redis_client)
     with serve(create_app(suite.root / "trajectory.jsonl", latency_s=LATENCY_S)) as url:
-        endpoint = ModelEndpoint(base_url=url + "/v1", model="pybench-replay")
-        first = evaluation_of("conc1", TASKS, suite, max_concurrency=3).model_copy(update={"model": endpoint})
-        second = evaluation_of("conc2", TASKS[:2], suite, max_concurrency=3).model_copy(update={"model": endpoint})
+        base_url, model = url + "/v1", "pybench-replay"
+        first = make_evaluation("conc1", TASKS, suite=suite, base_url=base_url, model=model, max_concurrency=3)
+        second = make_evaluation("conc2", TASKS[:2], suite=suite, base_url=base_url, model=model, max_concurrency=3)
         for evaluation in (first, second):  # the second is submitted after all of the first
             ArtifactStore(tmp_path / "artifacts").put_evaluation(evaluation)
             lifecycle.create(evaluation, suite)

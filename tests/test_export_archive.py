@@ -26,8 +26,8 @@ from gateway.client import GatewayClient, GatewayError
 from services.apikeys import ApiKeyStore
 from services.lifecycle import TaskLifecycle
 from services.store import ArtifactStore
-from services.trajectory import EndReason, Message, Trajectory
-from services.verdict import Verdict, VerdictStatus
+from services.verdict import VerdictStatus
+from tests.factories import make_submission, make_trajectory, make_verdict
 from tests.fixtures import ADMIN_KEY, gateway_settings
 from tests.servers import serve
 
@@ -50,28 +50,14 @@ def gateway(redis_url: str, redis_client: Redis, suite_path: Path, artifacts: Pa
 def _full_evaluation(gateway: str, redis_client: Redis, artifacts: Path) -> tuple[str, list[int]]:
     """An evaluation of every task of the suite, each with a stored trajectory, one saved file and a verdict."""
     with GatewayClient(gateway, api_key=ADMIN_KEY) as client:
-        body = {"model": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}, "prompt": "gpt"}
-        evaluation = client.submit(body)["evaluation"]
+        evaluation = client.submit(make_submission())["evaluation"]
     evaluation_id, tasks = evaluation["id"], evaluation["tasks"]
     store = ArtifactStore(artifacts)
     lifecycle = TaskLifecycle(redis_client)
     for task in tasks:
-        messages = [Message(role="user", content=f"query of task {task}"), Message(role="assistant", content="done")]
-        store.put_trajectory(
-            Trajectory(
-                evaluation_id=evaluation_id, task_index=task, attempt=1, messages=messages, end_reason=EndReason.NO_CODE
-            )
-        )
+        store.put_trajectory(make_trajectory(evaluation_id, task, "done", query=f"query of task {task}"))
         store.put_output_file(evaluation_id, task, 1, f"plots/{task}.csv", f"task,{task}\n".encode())
-        lifecycle.record_verdict(
-            Verdict(
-                evaluation_id=evaluation_id,
-                task_index=task,
-                attempt=1,
-                paper_category="Chart",
-                status=VerdictStatus.PASSED,
-            )
-        )
+        lifecycle.record_verdict(make_verdict(evaluation_id, task, VerdictStatus.PASSED))
     return evaluation_id, tasks
 
 

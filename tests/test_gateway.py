@@ -17,7 +17,8 @@ from services.lifecycle import TaskLifecycle
 from services.queues import SESSIONS_QUEUE
 from services.state import StateStore
 from services.store import ArtifactStore
-from services.verdict import Verdict, VerdictStatus
+from services.verdict import VerdictStatus
+from tests.factories import make_verdict
 from tests.fixtures import ADMIN_KEY, BODY, gateway_settings, test_secrets
 
 CANARY_KEY = "sk-canary-4f1d2a9e7b"
@@ -263,11 +264,7 @@ def test_a_finished_evaluations_keys_are_never_stored_again_but_travel_with_a_re
     keyed = api.post("/v1/evaluations", json={**BODY, "api_key": CANARY_KEY}).json()["evaluation"]["id"]
     lifecycle, state = TaskLifecycle(redis_client, test_secrets()), StateStore(redis_client, test_secrets())
     for index in (7, 16):
-        lifecycle.record_verdict(
-            Verdict(
-                evaluation_id=keyed, task_index=index, attempt=1, paper_category="Chart", status=VerdictStatus.FAILED
-            )
-        )
+        lifecycle.record_verdict(make_verdict(keyed, index, VerdictStatus.FAILED))
     assert state.complete(keyed) and state.model_key(keyed) is None  # dropped once every task finished
     stored = api.put(f"/v1/evaluations/{keyed}/keys", json={"api_key": CANARY_KEY})
     assert stored.status_code == 409 and "retry" in stored.json()["detail"] and state.model_key(keyed) is None
@@ -293,9 +290,7 @@ def test_cancelling_removes_the_queued_sessions_and_retry_reruns_failed_tasks(
     # A task that failed runs again as its next attempt.
     second = api.post("/v1/evaluations", json=BODY).json()["evaluation"]["id"]
     state = StateStore(redis_client)
-    TaskLifecycle(redis_client).record_verdict(
-        Verdict(evaluation_id=second, task_index=7, attempt=1, paper_category="Chart", status=VerdictStatus.INFRA_ERROR)
-    )
+    TaskLifecycle(redis_client).record_verdict(make_verdict(second, 7, VerdictStatus.INFRA_ERROR))
     refused = api.post(f"/v1/evaluations/{second}/retry", json={"tasks": [16]})
     assert refused.status_code == 409 and "[7]" in refused.json()["detail"]
     retried = api.post(f"/v1/evaluations/{second}/retry").json()
@@ -364,9 +359,7 @@ def test_the_leaderboard_ranks_completed_evaluations_per_model(api: httpx.Client
     for passed in (True, False):
         evaluation_id = api.post("/v1/evaluations", json={**BODY, "tasks": [7]}).json()["evaluation"]["id"]
         status = VerdictStatus.PASSED if passed else VerdictStatus.FAILED
-        TaskLifecycle(redis_client).record_verdict(
-            Verdict(evaluation_id=evaluation_id, task_index=7, attempt=1, paper_category="Chart", status=status)
-        )
+        TaskLifecycle(redis_client).record_verdict(make_verdict(evaluation_id, 7, status))
         made.append(evaluation_id)
     api.post("/v1/evaluations", json={**BODY, "tasks": [7]})  # still queued: not on the board
     (row,) = api.get("/v1/leaderboard").json()
@@ -377,11 +370,7 @@ def test_the_leaderboard_ranks_completed_evaluations_per_model(api: httpx.Client
 
 def test_progress_streams_as_server_sent_events_until_the_end(api: httpx.Client, redis_client: Redis) -> None:
     evaluation_id = api.post("/v1/evaluations", json={**BODY, "tasks": [7]}).json()["evaluation"]["id"]
-    TaskLifecycle(redis_client).record_verdict(
-        Verdict(
-            evaluation_id=evaluation_id, task_index=7, attempt=1, paper_category="Chart", status=VerdictStatus.PASSED
-        )
-    )
+    TaskLifecycle(redis_client).record_verdict(make_verdict(evaluation_id, 7, VerdictStatus.PASSED))
     with api.stream("GET", f"/v1/evaluations/{evaluation_id}/events") as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         text = "".join(response.iter_text())

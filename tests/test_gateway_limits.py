@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from redis import Redis
 
@@ -77,14 +76,16 @@ def test_a_nul_byte_in_a_file_name_is_a_4xx_problem(gateway: str) -> None:
 
 
 def test_health_reports_a_dead_reconciler(settings: GatewaySettings) -> None:
-    with TestClient(create_app(settings.model_copy(update={"RECONCILE_INTERVAL_S": 3600.0}))) as client:
-        assert isinstance(client.app, FastAPI)
+    app = create_app(settings.model_copy(update={"RECONCILE_INTERVAL_S": 3600.0}))
+    with TestClient(app) as client:
+        started = app.state.reconciler
+        assert isinstance(started, threading.Thread) and started.is_alive(), "the gateway started no reconciler"
         alive = client.get("/health")
         assert alive.status_code == 200 and alive.json() == {"status": "ok"}
         dead = threading.Thread(target=lambda: None)
         dead.start()
         dead.join()
-        client.app.state.reconciler = dead
+        app.state.reconciler = dead
         answer = client.get("/health")
     assert answer.status_code == 503 and answer.json()["reconciler"].startswith("dead")
 

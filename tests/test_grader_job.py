@@ -2,40 +2,25 @@
 
 import json
 from pathlib import Path
-from typing import Any
 
 from redis import Redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
 from grader.jobs import grade_and_record
-from services.evaluation import Evaluation, JudgeConfig, ModelEndpoint, Sampling, TaskState
+from services.evaluation import JudgeConfig, ModelEndpoint, TaskState
 from services.lifecycle import MAX_ATTEMPTS, TaskLifecycle
 from services.netguard import EgressPolicy
 from services.queues import SESSIONS_QUEUE, GradeJob
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import load_suite
-from services.trajectory import EndReason, Message, Trajectory
+from services.trajectory import EndReason
 from services.verdict import VerdictStatus
+from tests.factories import make_evaluation, make_trajectory
 from tests.fixtures import test_secrets
 from tests.judge_server import JudgeServer, Step
 from tests.servers import serve
-
-
-def evaluation_of(evaluation_id: str, tasks: list[int], **fields: Any) -> Evaluation:
-    """An evaluation of ``tasks`` against a model nobody calls here."""
-    return Evaluation(
-        id=evaluation_id,
-        model=ModelEndpoint(base_url="http://127.0.0.1:9/v1", model="m"),
-        suite="pybench",
-        tasks=tasks,
-        max_turns=10,
-        cell_timeout_s=60,
-        prompt="gpt",
-        sampling=Sampling(),
-        **fields,
-    )
 
 
 def test_verdicts_are_recorded_and_results_written_once_every_task_is_graded(
@@ -44,18 +29,10 @@ def test_verdicts_are_recorded_and_results_written_once_every_task_is_graded(
     suite = load_suite(suite_path)
     store = ArtifactStore(tmp_path)
     state = StateStore(redis_client)
-    evaluation = evaluation_of("gradejob", [44, 134])
+    evaluation = make_evaluation("gradejob", [44, 134])
     TaskLifecycle(redis_client).create(evaluation, suite)
     for index, answer in ((44, "Finished: saved"), (134, "Finished: no idea")):
-        store.put_trajectory(
-            Trajectory(
-                evaluation_id=evaluation.id,
-                task_index=index,
-                attempt=1,
-                end_reason=EndReason.NO_CODE,
-                messages=[Message(role="user", content="q"), Message(role="assistant", content=answer)],
-            )
-        )
+        store.put_trajectory(make_trajectory(evaluation.id, index, answer))
     store.put_output_file(evaluation.id, 44, 1, "44.png", b"\x89PNG")
 
     first = grade_and_record(
@@ -93,7 +70,7 @@ def test_an_evaluation_with_a_judge_gets_each_session_judged_with_the_key_from_t
     server = JudgeServer()
     canary = "sk-judge-canary-5b1e"
     with serve(server.app) as url:
-        evaluation = evaluation_of(
+        evaluation = make_evaluation(
             "judged",
             [134, 44],
             judge=JudgeConfig(endpoint=ModelEndpoint(base_url=url + "/v1", model="judge-model")),
@@ -101,15 +78,7 @@ def test_an_evaluation_with_a_judge_gets_each_session_judged_with_the_key_from_t
         )
         TaskLifecycle(redis_client, test_secrets()).create(evaluation, load_suite(suite_path), judge_api_key=canary)
         for index, answer in ((134, "Finished: no idea"), (44, "Finished: saved")):
-            store.put_trajectory(
-                Trajectory(
-                    evaluation_id=evaluation.id,
-                    task_index=index,
-                    attempt=1,
-                    end_reason=EndReason.NO_CODE,
-                    messages=[Message(role="user", content="q"), Message(role="assistant", content=answer)],
-                )
-            )
+            store.put_trajectory(make_trajectory(evaluation.id, index, answer))
         store.put_output_file(evaluation.id, 44, 1, "44.png", b"\x89PNG")
         # The judge passes task 134 (the tests fail it) and answers out of schema for task 44.
         server.script(Step(content=json.dumps({"reason": "looks right", "passed": True})), Step(content="I think so"))
@@ -160,18 +129,13 @@ def test_a_session_the_environment_broke_is_run_again_and_only_its_last_attempt_
     suite = load_suite(suite_path)
     store = ArtifactStore(tmp_path)
     state = StateStore(redis_client)
-    evaluation = evaluation_of("retried", [44])
+    evaluation = make_evaluation("retried", [44])
     TaskLifecycle(redis_client).create(evaluation, suite)
     queue = Queue(SESSIONS_QUEUE, connection=redis_client, serializer=JSONSerializer)
     for attempt in range(1, MAX_ATTEMPTS + 1):
         store.put_trajectory(
-            Trajectory(
-                evaluation_id=evaluation.id,
-                task_index=44,
-                attempt=attempt,
-                end_reason=EndReason.SANDBOX_ERROR,
-                error="the kernel died",
-                messages=[Message(role="user", content="q")],
+            make_trajectory(
+                evaluation.id, 44, None, attempt=attempt, end_reason=EndReason.SANDBOX_ERROR, error="the kernel died"
             )
         )
         outcome = grade_and_record(
@@ -199,7 +163,7 @@ def test_a_judge_whose_key_is_gone_is_not_called_and_the_judgment_says_how_to_se
     server = JudgeServer()
     store, state = ArtifactStore(tmp_path), StateStore(redis_client)
     with serve(server.app) as url:
-        evaluation = evaluation_of(
+        evaluation = make_evaluation(
             "judgekeylost",
             [134],
             judge=JudgeConfig(endpoint=ModelEndpoint(base_url=url + "/v1", model="judge-model")),
@@ -207,15 +171,7 @@ def test_a_judge_whose_key_is_gone_is_not_called_and_the_judgment_says_how_to_se
         )
         # as restored from the store: the key was in Redis only
         TaskLifecycle(redis_client).create(evaluation, load_suite(suite_path))
-        store.put_trajectory(
-            Trajectory(
-                evaluation_id=evaluation.id,
-                task_index=134,
-                attempt=1,
-                end_reason=EndReason.NO_CODE,
-                messages=[Message(role="user", content="q"), Message(role="assistant", content="Finished: 2")],
-            )
-        )
+        store.put_trajectory(make_trajectory(evaluation.id, 134, "Finished: 2"))
         job = GradeJob(evaluation_id=evaluation.id, task_index=134)
         grade_and_record(job, redis=redis_client, suite=load_suite(suite_path), store=store, egress=LOOPBACK)
     (verdict,) = state.verdicts(evaluation.id)

@@ -1,6 +1,5 @@
 """Grading sessions of real suite tasks into verdicts."""
 
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -9,8 +8,9 @@ import pytest
 from grader.grading import grade
 from grader.variants import VARIANTS, Grading, checks_for
 from services.suite import Suite, load_suite
-from services.trajectory import EndReason, Message, SessionInfo, Trajectory
+from services.trajectory import EndReason, Message, Trajectory
 from services.verdict import CheckResult, VerdictStatus
+from tests.factories import make_session_info, make_trajectory
 
 
 @pytest.fixture(scope="module")
@@ -19,17 +19,8 @@ def suite(suite_path: Path) -> Suite:
 
 
 def trajectory(index: int, last: Message, end: EndReason = EndReason.NO_CODE, error: str | None = None) -> Trajectory:
-    return Trajectory(
-        evaluation_id="e",
-        task_index=index,
-        attempt=1,
-        messages=[Message(role="system", content="s"), Message(role="user", content="q"), last],
-        end_reason=end,
-        error=error,
-        session=SessionInfo(
-            sandbox_backend="docker", sandbox_id="abc", sandbox_name="n", image="i", started_at=datetime.now(UTC)
-        ),
-    )
+    messages = [Message(role="system", content="s"), Message(role="user", content="q"), last]
+    return make_trajectory("e", index, messages=messages, end_reason=end, error=error, session=make_session_info())
 
 
 ANSWER_7 = (

@@ -16,15 +16,15 @@ from redis import Redis
 
 from grader import shared_output
 from grader.jobs import RunnerFactory, grade_and_record, sandbox_runners
-from services.evaluation import Evaluation, ModelEndpoint, Sampling
 from services.lifecycle import TaskLifecycle
 from services.queues import GradeJob
 from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, GRADING_ROLE, ROLE_LABEL
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
-from services.trajectory import EndReason, Message, Trajectory
+from services.trajectory import EndReason
 from services.verdict import Verdict, VerdictStatus
+from tests.factories import make_evaluation, make_trajectory
 from tests.fixtures import sandbox_objects
 from tests.servers import files_made_in_sandbox_image
 
@@ -38,17 +38,7 @@ def suite(suite_path: Path) -> Suite:
 
 def start(redis: Redis, suite: Suite, evaluation_id: str, tasks: list[int]) -> None:
     """Create an evaluation of ``tasks`` (its model is never called here)."""
-    evaluation = Evaluation(
-        id=evaluation_id,
-        model=ModelEndpoint(base_url="http://127.0.0.1:9/v1", model="m"),
-        suite="pybench",
-        tasks=tasks,
-        max_turns=10,
-        cell_timeout_s=60,
-        prompt="gpt",
-        sampling=Sampling(),
-    )
-    TaskLifecycle(redis).create(evaluation, suite)
+    TaskLifecycle(redis).create(make_evaluation(evaluation_id, tasks), suite)
 
 
 def session(
@@ -62,13 +52,13 @@ def session(
 ) -> None:
     """Store a finished session of task ``index`` that saved ``files`` (names under ``./output``)."""
     store.put_trajectory(
-        Trajectory(
-            evaluation_id=evaluation_id,
-            task_index=index,
+        make_trajectory(
+            evaluation_id,
+            index,
+            "Finished: saved",
             attempt=attempt,
             end_reason=end,
             error="the sandbox died" if end.infra else None,
-            messages=[Message(role="user", content="q"), Message(role="assistant", content="Finished: saved")],
         )
     )
     for name, data in files.items():

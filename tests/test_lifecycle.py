@@ -6,22 +6,17 @@ from pathlib import Path
 
 import pytest
 from redis import Redis
-from rq import Queue
-from rq.serializers import JSONSerializer
 
-from executor.jobs import execute_session
 from executor.replay.server import create_app
-from executor.settings import ExecutorSettings
-from grader.jobs import grade_and_record
-from services.evaluation import Evaluation, ModelEndpoint, Sampling, TaskState
+from services.evaluation import TaskState
 from services.lifecycle import MAX_ATTEMPTS, TaskLifecycle, should_retry
-from services.queues import GRADING_QUEUE, SESSIONS_QUEUE, GradeJob, SessionJob
-from services.sandbox.registry import get_backend
+from services.queues import GRADING_QUEUE, SESSIONS_QUEUE, SessionJob
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
 from services.trajectory import EndReason
-from services.verdict import Verdict, VerdictStatus
-from tests.fixtures import test_secrets
+from services.verdict import VerdictStatus
+from tests.factories import make_evaluation, make_verdict
+from tests.fixtures import queued_ids, run_and_grade, test_secrets
 from tests.servers import serve
 
 UNRECORDED_TASK = 98
@@ -33,39 +28,9 @@ def suite(suite_path: Path) -> Suite:
     return load_suite(suite_path)
 
 
-def evaluation_of(evaluation_id: str, tasks: list[int], suite: Suite, **fields: object) -> Evaluation:
-    return Evaluation(
-        id=evaluation_id,
-        model=ModelEndpoint(base_url="http://127.0.0.1:9/v1", model="pybench-replay"),
-        suite="pybench",
-        tasks=tasks,
-        unavailable_tasks=[t for t in tasks if not suite.task(t).available],
-        max_turns=10,
-        cell_timeout_s=30,
-        prompt="gpt",
-        sampling=Sampling(),
-        **fields,  # type: ignore[arg-type]
-    )
-
-
-def verdict_of(evaluation_id: str, task: int, status: VerdictStatus, attempt: int = 1, **fields: object) -> Verdict:
-    return Verdict(
-        evaluation_id=evaluation_id,
-        task_index=task,
-        attempt=attempt,
-        paper_category="Chart",
-        status=status,
-        **fields,  # type: ignore[arg-type]
-    )
-
-
-def queued_ids(redis: Redis, queue: str) -> list[str]:
-    return Queue(queue, connection=redis, serializer=JSONSerializer).job_ids
-
-
 def test_a_task_goes_from_queued_through_running_and_grading_to_done(redis_client: Redis, suite: Suite) -> None:
     lifecycle = TaskLifecycle(redis_client)
-    evaluation = evaluation_of("life1", [7, 13], suite)
+    evaluation = make_evaluation("life1", [7, 13], suite=suite)
     assert evaluation.unavailable_tasks == [13]
     lifecycle.create(evaluation, suite)
     state = lifecycle.state
@@ -82,7 +47,7 @@ def test_a_task_goes_from_queued_through_running_and_grading_to_done(redis_clien
     assert queued_ids(redis_client, GRADING_QUEUE) == ["pbe-grade-life1-7-a1"]
     assert not state.complete("life1")
 
-    recorded = lifecycle.record_verdict(verdict_of("life1", 7, VerdictStatus.PASSED))
+    recorded = lifecycle.record_verdict(make_verdict("life1", 7, VerdictStatus.PASSED))
     assert recorded.retried_as is None and recorded.complete and state.complete("life1")
     assert state.task_states("life1")[7] is TaskState.DONE
 
@@ -91,18 +56,18 @@ def test_only_a_retryable_infra_error_runs_again_and_the_attempts_are_bounded(
     redis_client: Redis, suite: Suite
 ) -> None:
     lifecycle = TaskLifecycle(redis_client)
-    lifecycle.create(evaluation_of("life2", [7, 16], suite), suite)
+    lifecycle.create(make_evaluation("life2", [7, 16], suite=suite), suite)
     for attempt in range(1, MAX_ATTEMPTS):
-        broke = verdict_of("life2", 7, VerdictStatus.INFRA_ERROR, attempt, retryable=True)
+        broke = make_verdict("life2", 7, VerdictStatus.INFRA_ERROR, attempt=attempt, retryable=True)
         assert should_retry(broke)
         assert lifecycle.record_verdict(broke).retried_as == attempt + 1
         assert lifecycle.state.task_states("life2")[7] is TaskState.QUEUED
         assert f"pbe-session-life2-7-a{attempt + 1}" in queued_ids(redis_client, SESSIONS_QUEUE)
-    last = verdict_of("life2", 7, VerdictStatus.INFRA_ERROR, MAX_ATTEMPTS, retryable=True)
+    last = make_verdict("life2", 7, VerdictStatus.INFRA_ERROR, attempt=MAX_ATTEMPTS, retryable=True)
     assert lifecycle.record_verdict(last).retried_as is None
     assert lifecycle.state.task_states("life2")[7] is TaskState.DONE
 
-    users_to_fix = verdict_of("life2", 16, VerdictStatus.INFRA_ERROR, retryable=False)
+    users_to_fix = make_verdict("life2", 16, VerdictStatus.INFRA_ERROR, retryable=False)
     assert lifecycle.record_verdict(users_to_fix).retried_as is None
     assert lifecycle.state.task_states("life2")[16] is TaskState.DONE
     assert not [j for j in queued_ids(redis_client, SESSIONS_QUEUE) if j.startswith("pbe-session-life2-16-")]
@@ -110,12 +75,12 @@ def test_only_a_retryable_infra_error_runs_again_and_the_attempts_are_bounded(
 
 def test_the_grading_of_a_superseded_attempt_changes_nothing(redis_client: Redis, suite: Suite) -> None:
     lifecycle = TaskLifecycle(redis_client)
-    lifecycle.create(evaluation_of("life3", [7], suite), suite)
+    lifecycle.create(make_evaluation("life3", [7], suite=suite), suite)
     assert lifecycle.retry("life3", 7) == 2
-    stale = verdict_of("life3", 7, VerdictStatus.FAILED, attempt=1)
+    stale = make_verdict("life3", 7, VerdictStatus.FAILED, attempt=1)
     assert lifecycle.record_verdict(stale).retried_as is None
     assert lifecycle.state.verdicts("life3") == [] and lifecycle.state.task_states("life3")[7] is TaskState.QUEUED
-    lifecycle.record_verdict(verdict_of("life3", 7, VerdictStatus.PASSED, attempt=2))
+    lifecycle.record_verdict(make_verdict("life3", 7, VerdictStatus.PASSED, attempt=2))
     assert [v.attempt for v in lifecycle.state.verdicts("life3")] == [2]
 
 
@@ -123,7 +88,7 @@ def test_cancelling_takes_queued_tasks_off_the_queue_and_a_cancelled_session_doe
     redis_client: Redis, suite: Suite
 ) -> None:
     lifecycle = TaskLifecycle(redis_client)
-    evaluation = evaluation_of("life4", [7, 16], suite)
+    evaluation = make_evaluation("life4", [7, 16], suite=suite)
     lifecycle.create(evaluation, suite)
     lifecycle.queue_sessions(evaluation)
     lifecycle.start(SessionJob(evaluation_id="life4", task_index=16))
@@ -135,44 +100,13 @@ def test_cancelling_takes_queued_tasks_off_the_queue_and_a_cancelled_session_doe
     assert lifecycle.state.complete("life4") and queued_ids(redis_client, GRADING_QUEUE) == []
 
 
-def run_and_grade(
-    evaluation: Evaluation, suite: Suite, redis_url: str, redis: Redis, tmp_path: Path, api_key: str | None = None
-) -> Verdict:
-    """Create the evaluation (keys held as given), run its one session with the executor's job on the local
-    backend, and grade it with the grader's job; returns the task's recorded verdict."""
-    settings = ExecutorSettings(
-        REDIS_URL=redis_url,
-        SUITE_PATH=suite.root,
-        ARTIFACT_ROOT=tmp_path,
-        SANDBOX_BACKEND="local",
-        SANDBOX_LOCAL_ROOT=str(tmp_path / "sandboxes"),
-        EGRESS_ALLOWLIST="127.0.0.1",
-        WARM_POOL=False,
-    )
-    lifecycle = TaskLifecycle(redis, test_secrets())
-    lifecycle.create(evaluation, suite, api_key=api_key)
-    [task] = evaluation.tasks
-    execute_session(
-        SessionJob(evaluation_id=evaluation.id, task_index=task),
-        settings=settings,
-        redis=redis,
-        backend=get_backend(settings),
-    )
-    store = ArtifactStore(tmp_path)
-    grade_and_record(GradeJob(evaluation_id=evaluation.id, task_index=task), redis=redis, suite=suite, store=store)
-    [verdict] = lifecycle.state.verdicts(evaluation.id)
-    assert lifecycle.state.task_states(evaluation.id) == {task: TaskState.DONE}
-    assert not [j for j in queued_ids(redis, SESSIONS_QUEUE) if j.startswith(f"pbe-session-{evaluation.id}-")]
-    return verdict
-
-
 @pytest.mark.slow
 def test_an_endpoint_that_answers_404_ends_the_task_after_one_attempt_with_what_to_fix(
     redis_url: str, redis_client: Redis, suite: Suite, tmp_path: Path
 ) -> None:
     with serve(create_app(suite.root / "trajectory.jsonl")) as url:
-        evaluation = evaluation_of("life404", [UNRECORDED_TASK], suite).model_copy(
-            update={"model": ModelEndpoint(base_url=url + "/v1", model="pybench-replay")}
+        evaluation = make_evaluation(
+            "life404", [UNRECORDED_TASK], suite=suite, base_url=url + "/v1", model="pybench-replay"
         )
         verdict = run_and_grade(evaluation, suite, redis_url, redis_client, tmp_path)
     trajectory = ArtifactStore(tmp_path).get_trajectory("life404", UNRECORDED_TASK, 1)
@@ -185,7 +119,7 @@ def test_an_endpoint_that_answers_404_ends_the_task_after_one_attempt_with_what_
 def test_a_lost_model_key_ends_the_task_after_one_attempt_saying_how_to_send_it(
     redis_url: str, redis_client: Redis, suite: Suite, tmp_path: Path
 ) -> None:
-    evaluation = evaluation_of("lifekey", [7], suite, has_api_key=True)
+    evaluation = make_evaluation("lifekey", [7], suite=suite, has_api_key=True)
     verdict = run_and_grade(evaluation, suite, redis_url, redis_client, tmp_path, api_key=None)
     assert verdict.status is VerdictStatus.INFRA_ERROR and verdict.attempt == 1 and not verdict.retryable
     assert verdict.reason.startswith("key_lost:")
@@ -194,11 +128,11 @@ def test_a_lost_model_key_ends_the_task_after_one_attempt_saying_how_to_send_it(
 
 def test_the_api_keys_are_dropped_once_every_task_is_finished(redis_client: Redis, suite: Suite) -> None:
     lifecycle = TaskLifecycle(redis_client, test_secrets())
-    evaluation = evaluation_of("lifekeys", [7, 16], suite, has_api_key=True, has_judge_api_key=True)
+    evaluation = make_evaluation("lifekeys", [7, 16], suite=suite, has_api_key=True, has_judge_api_key=True)
     lifecycle.create(evaluation, suite, api_key="sk-model-canary", judge_api_key="sk-judge-canary")
-    lifecycle.record_verdict(verdict_of("lifekeys", 7, VerdictStatus.PASSED))
+    lifecycle.record_verdict(make_verdict("lifekeys", 7, VerdictStatus.PASSED))
     assert lifecycle.state.model_key("lifekeys") == "sk-model-canary"  # task 16 still needs it
-    lifecycle.record_verdict(verdict_of("lifekeys", 16, VerdictStatus.FAILED))
+    lifecycle.record_verdict(make_verdict("lifekeys", 16, VerdictStatus.FAILED))
     assert lifecycle.state.model_key("lifekeys") is None and lifecycle.state.judge_key("lifekeys") is None
     assert not redis_client.keys("pbe:secret:*lifekeys*")
 
@@ -209,14 +143,14 @@ def test_a_keys_sessions_in_flight_count_every_unfinished_evaluation_however_man
     from gateway.limits import MAX_EVALUATIONS_SCANNED, sessions_in_flight
 
     lifecycle = TaskLifecycle(redis_client)
-    old = evaluation_of("inflight-old", [7, 16], suite, owner="walker")
+    old = make_evaluation("inflight-old", [7, 16], suite=suite, owner="walker")
     lifecycle.create(old, suite)
     for n in range(MAX_EVALUATIONS_SCANNED + 5):  # newer ones, finished at once (task 13's inputs are missing)
-        lifecycle.create(evaluation_of(f"inflight-new-{n}", [13], suite, owner="walker"), suite)
+        lifecycle.create(make_evaluation(f"inflight-new-{n}", [13], suite=suite, owner="walker"), suite)
     assert sessions_in_flight(lifecycle.state, "walker") == 2  # the old one's two queued sessions still count
     assert lifecycle.state.open_evaluations("walker") == ["inflight-old"]
     for index in (7, 16):
-        lifecycle.record_verdict(verdict_of("inflight-old", index, VerdictStatus.FAILED))
+        lifecycle.record_verdict(make_verdict("inflight-old", index, VerdictStatus.FAILED))
     assert sessions_in_flight(lifecycle.state, "walker") == 0 and lifecycle.state.open_evaluations("walker") == []
     lifecycle.retry("inflight-old", 7)  # open again until its retried task finishes
     assert sessions_in_flight(lifecycle.state, "walker") == 1

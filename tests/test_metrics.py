@@ -3,21 +3,18 @@
 import pytest
 
 from services.metrics import build_results, compute_metrics
-from services.verdict import GradingOutcome, Verdict, VerdictStatus
-
-
-def verdict(index: int, category: str, status: VerdictStatus, turns: int = 0) -> Verdict:
-    return Verdict(evaluation_id="e", task_index=index, attempt=1, paper_category=category, status=status, turns=turns)
+from services.verdict import GradingOutcome, VerdictStatus
+from tests.factories import make_verdict
 
 
 def test_pass_rate_divides_by_every_task_and_turns_average_the_scored_ones() -> None:
     metrics = compute_metrics(
         [
-            verdict(1, "Chart", VerdictStatus.PASSED, 2),
-            verdict(2, "Chart", VerdictStatus.FAILED, 10),
-            verdict(3, "Math", VerdictStatus.PASSED, 3),
-            verdict(4, "Text", VerdictStatus.UNAVAILABLE),
-            verdict(5, "Text", VerdictStatus.INFRA_ERROR, 1),
+            make_verdict("e", 1, VerdictStatus.PASSED, category="Chart", turns=2),
+            make_verdict("e", 2, VerdictStatus.FAILED, category="Chart", turns=10),
+            make_verdict("e", 3, VerdictStatus.PASSED, category="Math", turns=3),
+            make_verdict("e", 4, VerdictStatus.UNAVAILABLE, category="Text"),
+            make_verdict("e", 5, VerdictStatus.INFRA_ERROR, category="Text", turns=1),
         ]
     )
     assert (metrics.tasks, metrics.passed) == (5, 2)
@@ -38,11 +35,11 @@ def test_pass_rate_divides_by_every_task_and_turns_average_the_scored_ones() -> 
 
 
 def test_the_fixed_grading_is_reported_beside_the_original() -> None:
-    broken = verdict(11, "Chart", VerdictStatus.FAILED, 3)
+    broken = make_verdict("e", 11, VerdictStatus.FAILED, category="Chart", turns=3)
     broken.fixed = GradingOutcome(status=VerdictStatus.PASSED)
-    offline = verdict(128, "Text", VerdictStatus.PASSED, 2)
+    offline = make_verdict("e", 128, VerdictStatus.PASSED, category="Text", turns=2)
     offline.fixed = GradingOutcome(status=VerdictStatus.UNGRADABLE, reason="needs the internet")
-    metrics = compute_metrics([broken, offline, verdict(7, "Chart", VerdictStatus.PASSED, 1)])
+    metrics = compute_metrics([broken, offline, make_verdict("e", 7, VerdictStatus.PASSED, category="Chart", turns=1)])
     assert (metrics.passed, metrics.gradable) == (2, 3)
     assert metrics.fixed is not None
     assert (metrics.fixed.passed, metrics.fixed.gradable, metrics.fixed.tasks) == (2, 2, 3)
@@ -60,6 +57,11 @@ def test_no_verdicts_give_zeros() -> None:
 
 def test_results_list_verdicts_by_task() -> None:
     results = build_results(
-        "e", [verdict(9, "Math", VerdictStatus.PASSED), verdict(3, "Math", VerdictStatus.FAILED)], True
+        "e",
+        [
+            make_verdict("e", 9, VerdictStatus.PASSED, category="Math"),
+            make_verdict("e", 3, VerdictStatus.FAILED, category="Math"),
+        ],
+        True,
     )
     assert [v.task_index for v in results.verdicts] == [3, 9] and results.complete

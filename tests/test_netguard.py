@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway.egress import check_url_field
+from gateway.problems import Problem
 from services.netguard import (
     ALLOWLIST_SETTING,
     EgressPolicy,
@@ -34,6 +36,7 @@ from services.netguard import (
     pinned_transport,
     resolve_host,
 )
+from tests.fixtures import gateway_settings
 
 CORPUS = Path(__file__).with_name("hostile_urls.txt")
 
@@ -404,14 +407,19 @@ def test_pinned_transport_sends_nothing_for_hostile_urls(url: str, fragment: str
     assert inner.requests == []
 
 
-def test_refusals_say_what_to_do() -> None:
+def test_refusals_say_what_to_do(suite_path: Path, tmp_path: Path) -> None:
+    url = "http://internal.example/v1?key=sk-secret"
     with pytest.raises(EgressRefusedError) as caught:
-        check_url("http://internal.example/v1?key=sk-secret", EgressPolicy(), FakeResolver())
+        check_url(url, EgressPolicy(), FakeResolver())
     message = str(caught.value)
     assert f"ask the operator to add the host to {ALLOWLIST_SETTING}" in message
     assert "internal.example" in message and "10.0.0.5" in message
     assert "sk-secret" not in message and "/v1" not in message, "the path and query may hold secrets"
-    assert isinstance(caught.value, ValueError)
+    # the gateway refuses such a submission with 403 and hands the user the same advice
+    settings = gateway_settings("redis://127.0.0.1:9/0", suite_path, tmp_path, EGRESS_ALLOWLIST="")
+    with pytest.raises(Problem) as refused:
+        check_url_field("model.base_url", url, settings, FakeResolver())
+    assert refused.value.status == 403 and refused.value.detail == f"model.base_url: {message}"
 
 
 @pytest.mark.parametrize(

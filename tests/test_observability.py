@@ -12,7 +12,6 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,8 @@ from services.components import advertised, judge_prompt_key
 from services.errors import ConfigurationError
 from services.logs import configure_logging, log_context
 from services.monitoring import metrics_address, record_session, serve_worker_metrics
-from services.trajectory import EndReason, Execution, Message, SessionInfo, Trajectory, Turn
+from services.trajectory import EndReason, Execution, Trajectory, Turn
+from tests.factories import make_session_info, make_trajectory
 from tests.fixtures import ADMIN_KEY, BODY, gateway_settings
 from tests.servers import free_port
 from tests.workers import GraderWorkerForTests
@@ -90,12 +90,12 @@ def test_the_gateway_counts_requests_by_route_and_shows_the_fleet_state(api: htt
 
 
 def _trajectory(attempt: int, end_reason: EndReason) -> Trajectory:
-    now = datetime.now(UTC)
-    return Trajectory(
-        evaluation_id="ev-metrics",
-        task_index=7,
+    return make_trajectory(
+        "ev-metrics",
+        7,
+        None,
         attempt=attempt,
-        messages=[Message(role="user", content="q")],
+        end_reason=end_reason,
         turns=[
             Turn(
                 index=0,
@@ -116,16 +116,7 @@ def _trajectory(attempt: int, end_reason: EndReason) -> Trajectory:
                 model_latency_s=0.5,
             ),
         ],
-        end_reason=end_reason,
-        session=SessionInfo(
-            sandbox_backend="docker",
-            sandbox_id="s",
-            sandbox_name="n",
-            image="i",
-            started_at=now,
-            ready_s=3.5,
-            warm=False,
-        ),
+        session=make_session_info(sandbox_id="s", ready_s=3.5, warm=False),
     )
 
 

@@ -9,14 +9,14 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from redis import Redis
 
-from services.evaluation import ModelEndpoint
 from services.sandbox.base import DEFAULT_MAX_TREE_FILES
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
 from services.trajectory import EndReason
 from services.verdict import VerdictStatus
+from tests.factories import make_evaluation
+from tests.fixtures import run_and_grade
 from tests.servers import serve
-from tests.test_lifecycle import evaluation_of, run_and_grade
 
 MANY_FILES = 10_000
 WRITE_MANY = (
@@ -54,8 +54,7 @@ def test_a_session_that_writes_ten_thousand_files_is_capped_noted_and_graded(
     redis_url: str, redis_client: Redis, suite: Suite, tmp_path: Path
 ) -> None:
     with serve(scripted_model()) as url:
-        model = ModelEndpoint(base_url=url + "/v1", model="scripted")
-        evaluation = evaluation_of("capped", [7], suite).model_copy(update={"model": model})
+        evaluation = make_evaluation("capped", [7], suite=suite, base_url=url + "/v1", model="scripted")
         verdict = run_and_grade(evaluation, suite, redis_url, redis_client, tmp_path)
     store = ArtifactStore(tmp_path)
     trajectory = store.get_trajectory("capped", 7, 1)

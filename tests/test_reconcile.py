@@ -21,8 +21,8 @@ from services.queues import GRADING_QUEUE, SESSIONS_QUEUE, SessionJob
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
-from services.trajectory import EndReason, Message, Trajectory
-from services.verdict import Results, Verdict, VerdictStatus
+from services.verdict import Results, VerdictStatus
+from tests.factories import make_submission, make_trajectory, make_verdict
 from tests.servers import RedisServer
 
 ADMIN_KEY = "pbe-test-admin-reconcile"
@@ -56,7 +56,7 @@ def submit(server: RedisServer, suite_path: Path, artifacts: Path, tasks: list[i
     with TestClient(create_app(settings)) as client:
         response = client.post(
             "/v1/evaluations",
-            json={"model": {"base_url": "http://127.0.0.1:9/v1", "model": "m"}, "tasks": tasks, "prompt": "gpt"},
+            json=make_submission(tasks),
             headers={"Authorization": f"Bearer {ADMIN_KEY}"},
         )
         assert response.status_code == 201, response.text
@@ -78,21 +78,11 @@ def in_flight(redis: Redis, store: ArtifactStore, evaluation_id: str) -> None:
     crashed = Job.fetch(f"pbe-session-{evaluation_id}-16-a1", connection=redis, serializer=JSONSerializer)
     crashed.set_status(JobStatus.STARTED)
     redis.hset(crashed.key, "worker_name", "executor-that-died")
-    done = Verdict(
-        evaluation_id=evaluation_id, task_index=7, attempt=1, paper_category="Chart", status=VerdictStatus.PASSED
-    )
+    done = make_verdict(evaluation_id, 7, VerdictStatus.PASSED)
     store.put_verdict(done)
     lifecycle.record_verdict(done)
     lifecycle.start(SessionJob(evaluation_id=evaluation_id, task_index=16))
-    store.put_trajectory(
-        Trajectory(
-            evaluation_id=evaluation_id,
-            task_index=30,
-            attempt=1,
-            messages=[Message(role="assistant", content="Finished: 5478")],
-            end_reason=EndReason.NO_CODE,
-        )
-    )
+    store.put_trajectory(make_trajectory(evaluation_id, 30, "Finished: 5478", query=None))
     lifecycle.finish_session(SessionJob(evaluation_id=evaluation_id, task_index=30))
     Queue(GRADING_QUEUE, connection=redis, serializer=JSONSerializer).remove(f"pbe-grade-{evaluation_id}-30-a1")
 
@@ -173,9 +163,7 @@ def test_a_session_that_crashes_every_time_is_given_up_after_the_requeue_cap_wit
     state = StateStore(redis)
     poison = f"pbe-session-{evaluation_id}-16-a1"
     error = "RecursionError: maximum recursion depth exceeded while decoding a JSON object"
-    done = Verdict(
-        evaluation_id=evaluation_id, task_index=7, attempt=1, paper_category="Chart", status=VerdictStatus.PASSED
-    )
+    done = make_verdict(evaluation_id, 7, VerdictStatus.PASSED)
     Queue(SESSIONS_QUEUE, connection=redis, serializer=JSONSerializer).remove(f"pbe-session-{evaluation_id}-7-a1")
     store.put_verdict(done)
     TaskLifecycle(redis).record_verdict(done)

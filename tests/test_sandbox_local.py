@@ -17,7 +17,7 @@ from executor.kernel import KernelClient, shaped
 from executor.output import CellOutput
 from executor.settings import ExecutorSettings
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
-from services.sandbox.base import DEFAULT_MAX_TREE_BYTES, TREES_AT_ONCE, SandboxSpec, Tree
+from services.sandbox.base import TREES_AT_ONCE, SandboxSpec, Tree
 from services.sandbox.contract import SandboxHandle
 from services.sandbox.local import DEFAULT_GATEWAY_COMMAND, LocalSandboxBackend
 from services.sandbox.registry import get_backend
@@ -256,12 +256,14 @@ class _CountingBackend(LocalSandboxBackend):
     def __init__(self, root: Path) -> None:
         super().__init__(root=root)
         self.reading = self.most = 0
+        self.caps: list[dict[str, int]] = []
         self._count = threading.Lock()
 
     def get_tree(self, handle: SandboxHandle, path: str, **caps: int) -> Tree:
         with self._count:
             self.reading += 1
             self.most = max(self.most, self.reading)
+            self.caps.append(caps)
         try:
             time.sleep(0.2)
             return super().get_tree(handle, path, **caps)
@@ -273,14 +275,14 @@ class _CountingBackend(LocalSandboxBackend):
 def test_sessions_that_end_together_collect_their_output_a_few_at_a_time(
     backend: LocalSandboxBackend, sandbox: SandboxHandle, root: Path
 ) -> None:
-    """Twelve collections at once hold at most TREES_AT_ONCE folders, each within the 64 MiB cap."""
-    assert DEFAULT_MAX_TREE_BYTES == 64 * 2**20 and TREES_AT_ONCE == 4
+    """Twelve collections at once hold at most TREES_AT_ONCE folders, each within the default caps (64 MiB)."""
     backend.put_file(sandbox, "/workspace/output/a.txt", b"a")
     counting = _CountingBackend(root)
     with ThreadPoolExecutor(max_workers=12) as pool:
         trees = list(pool.map(lambda _: counting.collect_tree(sandbox, "/workspace/output"), range(12)))
     assert all(tree.files == {"a.txt": b"a"} for tree in trees)
     assert counting.most == TREES_AT_ONCE
+    assert counting.caps == [{}] * 12, "a collection reads with caps of its own, not the default ones"
 
 
 ODD_MESSAGES = """

@@ -11,11 +11,11 @@ from redis import Redis
 
 from gateway.app import create_app
 from services.errors import ConfigurationError
-from services.evaluation import Evaluation, ModelEndpoint, Sampling
 from services.lifecycle import TaskLifecycle
 from services.secretbox import SecretBox, SecretsKeyMissingError, new_key
 from services.state import StateStore
 from services.suite import load_suite
+from tests.factories import make_evaluation
 from tests.fixtures import ADMIN_KEY, BODY, gateway_settings, test_secrets
 from tests.servers import RedisServer
 
@@ -49,18 +49,7 @@ def test_keys_never_reach_redis_files_in_plain_text(tmp_path: Path, suite_path: 
     redis = Redis.from_url(server.url)
     try:
         suite = load_suite(suite_path)
-        evaluation = Evaluation(
-            id="sealed",
-            model=ModelEndpoint(base_url="http://127.0.0.1:9/v1", model="m"),
-            suite="pybench",
-            tasks=[7],
-            max_turns=1,
-            cell_timeout_s=30,
-            prompt="gpt",
-            sampling=Sampling(),
-            has_api_key=True,
-            has_judge_api_key=True,
-        )
+        evaluation = make_evaluation("sealed", [7], max_turns=1, has_api_key=True, has_judge_api_key=True)
         TaskLifecycle(redis, test_secrets()).create(evaluation, suite, api_key=CANARY, judge_api_key=CANARY + "j")
         StateStore(redis, test_secrets()).set_keys("sealed", CANARY, None)  # as PUT .../keys
         redis.save()

@@ -8,7 +8,6 @@ evaluations are made old as a clock would (their creation time in Redis, their r
 
 import os
 import threading
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -30,10 +29,9 @@ from services.retention import MIB, RetentionPolicy, expire_old, storage_used
 from services.state import StateStore
 from services.store import EXPIRED_MARKER, ArtifactStore
 from services.suite import load_suite
-from services.trajectory import EndReason, Message, Trajectory
-from services.verdict import Verdict, VerdictStatus
-from tests.fixtures import ADMIN_KEY, BODY, gateway_settings
-from tests.test_dashboard import sign_in
+from services.verdict import VerdictStatus
+from tests.factories import make_trajectory, make_verdict
+from tests.fixtures import ADMIN_KEY, BODY, gateway_settings, sign_in, wait_for
 
 RUN = (7, 16)
 """The tasks of ``BODY`` that run (13's input is missing: it is unavailable and stores nothing)."""
@@ -78,12 +76,7 @@ def _submit(client: TestClient) -> str:
 def _run_sessions(store: ArtifactStore, evaluation_id: str, file_bytes: int = 1000) -> None:
     """Store what the executor stores for each running task: a trajectory and a produced file of ``file_bytes``."""
     for task in RUN:
-        messages = [Message(role="user", content=f"task {task}"), Message(role="assistant", content="Finished: ok")]
-        store.put_trajectory(
-            Trajectory(
-                evaluation_id=evaluation_id, task_index=task, attempt=1, messages=messages, end_reason=EndReason.NO_CODE
-            )
-        )
+        store.put_trajectory(make_trajectory(evaluation_id, task, "Finished: ok", query=f"task {task}"))
         store.put_output_file(evaluation_id, task, 1, f"{task}.csv", b"x" * file_bytes)
 
 
@@ -91,13 +84,7 @@ def _grade(redis: Redis, store: ArtifactStore, evaluation_id: str) -> None:
     """Record what the grader records: each task's verdict, then the results once the evaluation is complete."""
     lifecycle = TaskLifecycle(redis)
     for task in RUN:
-        verdict = Verdict(
-            evaluation_id=evaluation_id,
-            task_index=task,
-            attempt=1,
-            paper_category="Chart analysis",
-            status=VerdictStatus.PASSED,
-        )
+        verdict = make_verdict(evaluation_id, task, VerdictStatus.PASSED, category="Chart analysis")
         store.put_verdict(verdict)
         lifecycle.record_verdict(verdict)
     assert lifecycle.state.complete(evaluation_id)
@@ -286,10 +273,8 @@ def test_the_reconcilers_loop_runs_the_retention_pass(
     suite = load_suite(settings.require_suite(), settings.SUITE_NAME)
     thread = reconcile.run_periodically(redis_client, store, suite, 0.05, stop, RetentionPolicy(days=90))
     try:
-        deadline = time.monotonic() + 20
-        while not (store.evaluation_dir(old) / EXPIRED_MARKER).exists():
-            assert time.monotonic() < deadline, "the reconciler's loop did not expire the old evaluation"
-            time.sleep(0.05)
+        expired = store.evaluation_dir(old) / EXPIRED_MARKER
+        wait_for(expired.exists, 20, "the reconciler's loop to expire the old evaluation", interval_s=0.05)
     finally:
         stop.set()
         thread.join(timeout=10)
@@ -305,10 +290,7 @@ def test_an_evaluation_run_again_after_expiry_serves_its_new_attempts(
     lifecycle = TaskLifecycle(redis_client)
     for task in RUN:
         lifecycle.retry(old, task)
-        messages = [Message(role="user", content=f"again {task}")]
-        store.put_trajectory(
-            Trajectory(evaluation_id=old, task_index=task, attempt=2, messages=messages, end_reason=EndReason.NO_CODE)
-        )
+        store.put_trajectory(make_trajectory(old, task, None, query=f"again {task}", attempt=2))
     store.put_output_file(old, 7, 2, "7.csv", b"fresh")  # task 16's new attempt saves nothing
     base = f"/v1/evaluations/{old}/tasks"
     assert api.get(f"{base}/7/trajectory").json()["messages"][0]["content"] == "again 7"
