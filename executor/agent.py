@@ -9,19 +9,31 @@ the model endpoint or the sandbox fails (an infrastructure error, recorded as su
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from executor.kernel import KernelClient
 from executor.messages import interpreter_message, output_text
-from services.endpoint import EndpointClient
+from services.endpoint import ChatMessage, Completion
 from services.errors import ModelContextLengthError, ModelEndpointError, ModelRequestRejectedError, SandboxError
 from services.evaluation import Budgets
 from services.extraction import extract_code
 from services.trajectory import MAX_IMAGES_PER_CELL, EndReason, Message, Turn
 
 log = logging.getLogger(__name__)
+
+
+class ChatModel(Protocol):
+    """What the loop asks for completions: an ``EndpointClient``, or a session's ``executor.calls.SessionModel``
+    (its reply cache and spend)."""
+
+    def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        sampling: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> Completion: ...
 
 
 @dataclass
@@ -86,10 +98,19 @@ def _not_run(calls: list[dict[str, Any]]) -> list[Message]:
     return [Message(role="tool", tool_call_id=call_id(call), content="not run: one call per turn") for call in calls]
 
 
-def _over_budget(run: AgentRun, budgets: Budgets | None, elapsed_s: float) -> tuple[EndReason, str] | None:
-    """The end reason and its words when ``run`` has used a budget (its turns' tokens, or ``elapsed_s``)."""
+def _over_budget(
+    run: AgentRun, budgets: Budgets | None, elapsed_s: float, spent_usd: Callable[[], float | None] | None
+) -> tuple[EndReason, str] | None:
+    """The end reason and its words when ``run`` has used a budget (its turns' tokens, or ``elapsed_s``), or its
+    evaluation has (``spent_usd``: what it spent over all its sessions)."""
     if budgets is None:
         return None
+    if budgets.max_cost_usd is not None and spent_usd is not None:
+        spent = spent_usd()
+        if spent is not None and spent >= budgets.max_cost_usd:
+            return EndReason.COST_BUDGET, (
+                f"the evaluation spent ${spent:,.4f} on model calls, its budget of ${budgets.max_cost_usd:,.4f}"
+            )
     tokens = sum((t.prompt_tokens or 0) + (t.completion_tokens or 0) for t in run.turns)
     if budgets.max_tokens_per_task is not None and tokens >= budgets.max_tokens_per_task:
         return EndReason.TOKEN_BUDGET, (
@@ -104,7 +125,7 @@ def _over_budget(run: AgentRun, budgets: Budgets | None, elapsed_s: float) -> tu
 
 def run_agent(
     messages: list[Message],
-    model: EndpointClient,
+    model: ChatModel,
     kernel: KernelClient,
     *,
     max_turns: int,
@@ -113,11 +134,15 @@ def run_agent(
     tools: bool = False,
     cancelled: Callable[[], bool] | None = None,
     budgets: Budgets | None = None,
+    spent_usd: Callable[[], float | None] | None = None,
 ) -> AgentRun:
     """Run the loop from the opening ``messages``; never raises for model or sandbox failures.
 
     ``budgets``: before each turn, a session that has used its tokens (prompt and completion, as the endpoint
-    reported them) or its seconds (since the loop began) ends ``token_budget`` or ``time_budget``.
+    reported them) or its seconds (since the loop began) ends ``token_budget`` or ``time_budget``; once
+    ``spent_usd()`` (the evaluation's spend) reaches ``max_cost_usd``, ``cost_budget``.
+
+    A reply ``model`` replays from its cache (``Completion.replayed``) is marked on its turn; its cell runs as any.
 
     ``cancelled`` is asked before each turn: when it says so, the session ends ``cancelled`` (the turn in
     flight, a model call and its cell, always finishes).
@@ -131,7 +156,9 @@ def run_agent(
     """
     run = AgentRun(messages=list(messages))
     try:
-        return _take_turns(run, model, kernel, max_turns, cell_timeout_s, sampling, tools, cancelled, budgets)
+        return _take_turns(
+            run, model, kernel, max_turns, cell_timeout_s, sampling, tools, cancelled, budgets, spent_usd
+        )
     except Exception as exc:  # the session's boundary: recorded as its end, never a crashed job
         log.exception("the agent loop crashed")
         run.end_reason = EndReason.CRASHED
@@ -144,14 +171,15 @@ def run_agent(
 
 def _take_turns(
     run: AgentRun,
-    model: EndpointClient,
+    model: ChatModel,
     kernel: KernelClient,
     max_turns: int,
     cell_timeout_s: float,
     sampling: dict[str, Any],
     tools: bool,
     cancelled: Callable[[], bool] | None,
-    budgets: Budgets | None = None,
+    budgets: Budgets | None,
+    spent_usd: Callable[[], float | None] | None,
 ) -> AgentRun:
     """The turns of ``run_agent``, into ``run``."""
     started = time.monotonic()
@@ -159,7 +187,7 @@ def _take_turns(
         if cancelled is not None and cancelled():
             run.end_reason, run.error = EndReason.CANCELLED, "the evaluation was cancelled"
             return run
-        spent = _over_budget(run, budgets, time.monotonic() - started)
+        spent = _over_budget(run, budgets, time.monotonic() - started, spent_usd)
         if spent is not None:
             run.end_reason, run.error = spent
             return run
@@ -188,6 +216,7 @@ def _take_turns(
             prompt_tokens=completion.prompt_tokens,
             completion_tokens=completion.completion_tokens,
             model_latency_s=completion.latency_s,
+            replayed=completion.replayed,
         )
         run.turns.append(turn)
         if tools:
@@ -205,7 +234,7 @@ def _take_turns(
                 run.end_reason = EndReason.NO_CODE
                 return run
         turn.code = code
-        started = time.monotonic()
+        cell_started = time.monotonic()
         try:
             execution, output = kernel.execute(code, cell_timeout_s)
         except SandboxError as exc:
@@ -220,6 +249,6 @@ def _take_turns(
             reported = Message(role="tool", tool_call_id=call_id(calls[0]), content=reported.content)
         run.messages.append(reported)
         run.messages.extend(_not_run(calls[1:]))
-        log.debug("turn %d: cell ran in %.3f s", index, time.monotonic() - started)
+        log.debug("turn %d: cell ran in %.3f s", index, time.monotonic() - cell_started)
     run.end_reason = EndReason.MAX_TURNS
     return run

@@ -7,29 +7,32 @@ read here from the secret store).
 """
 
 import logging
-import time
 from typing import Any
 
 from redis import Redis
 
+from executor.calls import SessionModel
 from executor.pool import WarmPool
 from executor.session import SessionResult, key_lost, run_task_session
 from executor.settings import ExecutorSettings
 from executor.worker import current_pool
 from services.endpoint import EndpointClient
 from services.evaluation import Evaluation
-from services.lifecycle import TaskLifecycle, retry_delay_s
+from services.lifecycle import TaskLifecycle
 from services.logs import log_context
 from services.monitoring import record_session
 from services.netguard import EgressPolicy, pinned_transport
 from services.queues import SessionJob
+from services.replies import ReplyCache
 from services.sandbox.base import SandboxBackend
 from services.sandbox.registry import get_backend
+from services.spend import SpendLedger
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
 from services.task import Task
 from services.trajectory import EndReason
+from services.verdict import session_verdict
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +56,6 @@ def execute_session(
     suite = load_suite(settings.require_suite())
     task = suite.task(job.task_index)
     store = ArtifactStore(settings.ARTIFACT_ROOT)
-    delay = retry_delay_s(job.attempt)
-    if delay:
-        log.info("task %d of %s: attempt %d starts in %.1f s", job.task_index, evaluation.id, job.attempt, delay)
-        time.sleep(delay)
     if not lifecycle.start(job):
         log.info("task %d of %s: skipped, the evaluation was cancelled", job.task_index, evaluation.id)
         return {"task": job.task_index, "cancelled": True}
@@ -66,14 +65,24 @@ def execute_session(
         result: SessionResult = (key_lost(evaluation, task, job.attempt, suite), {})
         log.warning("task %d of %s: not run, the model key is no longer held", task.index, evaluation.id)
     else:
-        result = _run(evaluation, task, job, suite, settings, backend, pool, api_key, state)
+        result = _run(evaluation, task, job, suite, settings, backend, pool, api_key, state, redis)
     trajectory, files = result
     for name, data in files.items():
         store.put_output_file(evaluation.id, task.index, job.attempt, name, data)
     store.put_trajectory(trajectory)
     record_session(trajectory)
     cancelled = trajectory.end_reason is EndReason.CANCELLED
-    lifecycle.finish_session(job, cancelled=cancelled)
+    retried_as = lifecycle.finish_session(job, cancelled=cancelled, end_reason=trajectory.end_reason)
+    if retried_as is not None:
+        store.put_verdict(session_verdict(trajectory, task.paper_category))  # every attempt's verdict is kept
+        log.info(
+            "task %d of %s: %s; it runs again as attempt %d after the retry delay",
+            task.index,
+            evaluation.id,
+            trajectory.end_reason.value,
+            retried_as,
+        )
+        return {"task": task.index, "end_reason": trajectory.end_reason.value, "retried_as_attempt": retried_as}
     if cancelled:
         log.info("task %d of %s: stopped, the evaluation was cancelled", task.index, evaluation.id)
         return {"task": task.index, "cancelled": True, "turns": trajectory.assistant_turns}
@@ -103,10 +112,11 @@ def _run(
     pool: WarmPool | None,
     api_key: str | None,
     state: StateStore,
+    redis: Redis,
 ) -> SessionResult:
-    """Run the session against the evaluation's endpoint, asking ``state`` before each turn whether the
-    evaluation was cancelled."""
-    model = EndpointClient(
+    """Run the session against the evaluation's endpoint (through its reply cache when it keeps one, charged to
+    its spend when it has prices), asking ``state`` before each turn whether the evaluation was cancelled."""
+    endpoint = EndpointClient(
         evaluation.model.base_url,
         evaluation.model.model,
         api_key=api_key,
@@ -115,6 +125,12 @@ def _run(
         max_reply_bytes=settings.MODEL_MAX_REPLY_BYTES,
         cap_setting="PBE_MODEL_MAX_REPLY_BYTES",
         transport=pinned_transport(EgressPolicy.parse(settings.EGRESS_ALLOWLIST)),
+    )
+    model = SessionModel(
+        endpoint,
+        evaluation,
+        replies=ReplyCache(redis, evaluation.id) if evaluation.reply_cache else None,
+        ledger=SpendLedger(redis, evaluation.id),
     )
     try:
         return run_task_session(
@@ -127,9 +143,10 @@ def _run(
             model=model,
             pool=pool,
             cancelled=lambda: state.cancelled(evaluation.id),
+            spent_usd=model.spent_usd,
         )
     finally:
-        model.close()
+        endpoint.close()
 
 
 def run_session(payload: dict[str, Any]) -> dict[str, Any]:

@@ -13,11 +13,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from executor.agent import AgentRun, run_agent
+from executor.agent import AgentRun, ChatModel, run_agent
 from executor.messages import opening_messages
 from executor.pool import WarmPool, WarmSandbox, discard, start_sandbox
 from executor.settings import ExecutorSettings
-from services.endpoint import EndpointClient
 from services.errors import SandboxError, SuiteError
 from services.evaluation import Evaluation
 from services.sandbox.base import SandboxBackend, Tree
@@ -76,13 +75,14 @@ def run_task_session(
     suite: Suite,
     backend: SandboxBackend,
     settings: ExecutorSettings,
-    model: EndpointClient,
+    model: ChatModel,
     pool: WarmPool | None = None,
     cancelled: Callable[[], bool] | None = None,
+    spent_usd: Callable[[], float | None] | None = None,
 ) -> SessionResult:
     """Run one task session in a sandbox of its own (image and limits from ``settings.sandbox_spec``): taken from
-    ``pool`` when given (already started), else started now. ``cancelled`` is asked before each turn (see
-    ``executor.agent.run_agent``).
+    ``pool`` when given (already started), else started now. ``cancelled`` and ``spent_usd`` (the evaluation's
+    spend, for its cost limit) are asked before each turn (see ``executor.agent.run_agent``).
 
     Returns:
         The trajectory, and the files the session left under ``./output`` keyed by path relative to it.
@@ -146,6 +146,7 @@ def run_task_session(
             tools=evaluation.mode == "tools",
             cancelled=cancelled,
             budgets=evaluation.budgets,
+            spent_usd=spent_usd,
         )
         try:
             tree = backend.collect_tree(handle, f"{WORKSPACE}/output")

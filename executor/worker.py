@@ -18,6 +18,9 @@ What keeps it honest when things break:
 - **It takes no session it cannot run.** Before each job it asks the sandbox backend whether it can start
   sandboxes (``SandboxBackend.problem``); while it cannot, it says why and waits, with a backoff, instead of
   burning the attempts of the tasks in the queue.
+- **A retry waits outside its slots.** A session that ends on a retryable infrastructure reason schedules its next
+  attempt (``services.lifecycle``); a thread of every worker queues the retries whose delay is over, every
+  ``RELEASE_INTERVAL_S``, so no slot sleeps through a delay.
 - **It stops gracefully.** On SIGTERM it takes no more jobs and waits for its running sessions to end (the
   container's stop grace period bounds that); a second signal stops it at once.
 
@@ -43,7 +46,7 @@ from services.components import SANDBOX_IMAGE, advertise
 from services.liveness import DEFAULT_HEARTBEAT_INTERVAL_S, ShortHeartbeat
 from services.logs import configure_logging
 from services.monitoring import SESSIONS_IN_FLIGHT, metrics_address, serve_worker_metrics
-from services.queues import ProjectJobsOnly
+from services.queues import RETRIES_KEY, ProjectJobsOnly, release_due_sessions
 from services.sandbox.base import SandboxBackend
 from services.sandbox.registry import get_backend
 from services.settings import redis_retry
@@ -88,6 +91,9 @@ def close_pool() -> None:
 DEFAULT_DEQUEUE_WAIT_S = 2
 """How long one wait for a job blocks, so that a stop request or a changed backend is seen soon."""
 
+RELEASE_INTERVAL_S = 1.0
+"""How often a worker queues the retries whose delay is over."""
+
 DEFAULT_BACKOFF_MAX_S = 30.0
 """The longest wait between two checks of an unreachable Redis or sandbox backend."""
 
@@ -127,6 +133,7 @@ class ExecutorWorker(ProjectJobsOnly, ShortHeartbeat, SimpleWorker):
         stop = threading.Event()
         beat = threading.Thread(target=self._beat, args=(stop,), name="pbe-heartbeat", daemon=True)
         beat.start()
+        threading.Thread(target=self._release, args=(stop,), name="pbe-retries", daemon=True).start()
         taken = 0
         try:
             taken = self._take_jobs(backend, burst, max_jobs)
@@ -208,7 +215,8 @@ class ExecutorWorker(ProjectJobsOnly, ShortHeartbeat, SimpleWorker):
             return len(self._sessions)
 
     def _queues_empty(self) -> bool:
-        return all(queue.count == 0 for queue in self.queues)
+        """No job waits in the queues, nor a retry for its time (``services.queues.RETRIES_KEY``)."""
+        return all(queue.count == 0 for queue in self.queues) and not self.connection.zcard(RETRIES_KEY)
 
     def _drain(self) -> None:
         """Wait for the running sessions to end (a warm stop; the process's stop grace period bounds it)."""
@@ -227,6 +235,16 @@ class ExecutorWorker(ProjectJobsOnly, ShortHeartbeat, SimpleWorker):
         self._quietly(self.set_shutdown_requested_date)
         if self._running() == 0:
             raise StopRequested()
+
+    def _release(self, stop: threading.Event) -> None:
+        """Queue the retries whose delay is over (``services.queues.release_due_sessions``), every
+        ``RELEASE_INTERVAL_S``: a retry waits out its delay here, not in a session slot."""
+        while not stop.wait(RELEASE_INTERVAL_S):
+            try:
+                for job in release_due_sessions(self.connection, time.time()):
+                    log.info("task %d of %s: attempt %d queued", job.task_index, job.evaluation_id, job.attempt)
+            except RedisError as exc:  # Redis is away: the main loop waits for it
+                log.warning("retries not released: %s", exc)
 
     def _beat(self, stop: threading.Event) -> None:
         while not stop.wait(DEFAULT_HEARTBEAT_INTERVAL_S):

@@ -29,6 +29,7 @@ trajectories and files removed after ``PBE_RETENTION_DAYS``).
 import logging
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 
 from redis import Redis
@@ -39,7 +40,15 @@ from rq.serializers import JSONSerializer
 from services.evaluation import TaskState
 from services.lifecycle import MAX_REQUEUES, TaskLifecycle
 from services.metrics import build_results
-from services.queues import GradeJob, SessionJob, grade_job_id, session_job_id
+from services.queues import (
+    GradeJob,
+    SessionJob,
+    grade_job_id,
+    job_alive,
+    release_due_sessions,
+    session_alive,
+    session_job_id,
+)
 from services.retention import RetentionPolicy, expire_old
 from services.state import EvaluationNotFoundError
 from services.store import ArtifactStore
@@ -50,8 +59,6 @@ log = logging.getLogger(__name__)
 
 LOCK_KEY = "pbe:reconciler:lock"
 
-_ALIVE = (JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED, JobStatus.DEFERRED)
-
 
 @dataclass
 class Report:
@@ -61,25 +68,14 @@ class Report:
     """Evaluations brought back into Redis from the store."""
     sessions: list[str] = field(default_factory=list)
     """Session jobs queued again (their ids)."""
+    released: list[str] = field(default_factory=list)
+    """Retries whose delay was over, queued (their ids; executors release them first, within a second)."""
     gradings: list[str] = field(default_factory=list)
     """Grading jobs queued again (their ids)."""
     given_up: list[str] = field(default_factory=list)
     """Jobs lost more than ``MAX_REQUEUES`` times, whose tasks were ended with an ``infra_error`` (their ids)."""
     admitted: list[tuple[str, int]] = field(default_factory=list)
     """Tasks (evaluation, index) whose sessions were admitted from their window's line (not lost: waiting)."""
-
-
-def _alive(redis: Redis, job_id: str) -> bool:
-    """Whether a worker has the job or will take it: queued and in its queue, or started by a live worker."""
-    if not Job.exists(job_id, redis):
-        return False
-    job = Job.fetch(job_id, connection=redis, serializer=JSONSerializer)
-    status = job.get_status()
-    if status is JobStatus.QUEUED:
-        return redis.lpos(f"rq:queue:{job.origin}", job_id) is not None
-    if status is JobStatus.STARTED:
-        return bool(job.worker_name) and bool(redis.exists(f"rq:worker:{job.worker_name}"))
-    return status in _ALIVE
 
 
 def _last_error(redis: Redis, job_id: str) -> str:
@@ -122,6 +118,7 @@ def _give_up(
         evaluation = lifecycle.state.get(job.evaluation_id)
         verdicts = lifecycle.state.verdicts(job.evaluation_id)
         store.put_results(build_results(job.evaluation_id, verdicts, complete=True, prices=evaluation.prices))
+        store.put_evaluation(evaluation)  # its manifest's gradings, filled in at completion
     log.error("reconciler: %s, task %s: %s", job.evaluation_id, job.task_index, verdict.reason)
 
 
@@ -168,6 +165,7 @@ def reconcile(redis: Redis, store: ArtifactStore, suite: Suite) -> Report:
     lifecycle = TaskLifecycle(redis)
     state = lifecycle.state
     report = Report()
+    report.released.extend(session_job_id(job) for job in release_due_sessions(redis, time.time()))
     for evaluation_id in store.evaluation_ids():
         try:
             state.get(evaluation_id)
@@ -199,7 +197,7 @@ def _reconcile_one(
         if task_state is TaskState.QUEUED and lifecycle.is_held(evaluation_id, index):
             continue
         if task_state in (TaskState.QUEUED, TaskState.RUNNING):
-            if not _alive(redis, session_job_id(session)):
+            if not session_alive(redis, session):
                 _requeue(lifecycle, store, suite, session, report)
             continue
         if task_state is not TaskState.GRADING:
@@ -207,8 +205,8 @@ def _reconcile_one(
         if gradings is None:  # a regrade's jobs carry its number (and their own ids)
             gradings = state.get(evaluation_id).grading
         grading = GradeJob(evaluation_id=evaluation_id, task_index=index, attempt=attempt, grading=gradings)
-        if not _alive(redis, grade_job_id(grading)):
-            if _alive(redis, session_job_id(session)):
+        if not job_alive(redis, grade_job_id(grading)):
+            if session_alive(redis, session):
                 continue  # the session is still finishing
             if store.has_trajectory(evaluation_id, index, attempt):
                 _requeue(lifecycle, store, suite, grading, report)

@@ -10,8 +10,12 @@ The ``original`` grading may also see files other tasks of the evaluation produc
 ``./output`` would show them (an ``OriginalView``, built by ``grader.shared_output``); the ``fixed`` grading sees
 the session's own files only. When there are such files, the two gradings' file-opening checks run in two
 grading sandboxes, each with its own view.
+
+What a verdict was graded with is recorded in it: the grader build (``services.manifest.service_version``) and
+``checks_hash``, a sha256 over ``CHECKS_VERSION`` and what each grading applies to every task of the suite.
 """
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,12 +24,43 @@ from typing import Any
 from grader.checks import CheckContext, normalise_output_path, run_check, runs_in_process
 from grader.shared_output import named_outputs
 from grader.variants import Forced, Grading, checks_for, forced_outcome, ungradable_reason
+from services.suite import Suite
 from services.task import Task
 from services.trajectory import Trajectory
-from services.verdict import CheckResult, GradingOutcome, Verdict, VerdictStatus
+from services.verdict import CheckResult, GradingOutcome, Verdict, VerdictStatus, session_verdict
 
 FileCheckRunner = Callable[[list[dict[str, Any]]], list[CheckResult]]
 """Runs checks that open the session's files, returning one result per check in order (never raises)."""
+
+CHECKS_VERSION = 1
+"""The version of the check code: what a check kind does (``grader.checks``, ``grader.file_checks``), how the two
+gradings depart from the checks as written (``grader.variants``), what they read and see (this module,
+``grader.shared_output``). Bump it with any change that can turn a verdict; ``checks_hash`` covers it, and runs
+graded under another version than ``services.manifest.BASELINE_CHECKS_VERSION`` get their own comparable key."""
+
+
+def applied_checks(task: Task, grading: Grading) -> dict[str, Any]:
+    """What ``grading`` applies to ``task``, as data: the outcome it always gives (``forced``), that it cannot grade
+    the task here (``ungradable``), or the checks it runs (``checks``, empty: none, so ``ungradable`` too)."""
+    forced = forced_outcome(task.index, grading)
+    if forced is not None:
+        return {"forced": forced.value}
+    if ungradable_reason(task.index, grading):
+        return {"ungradable": True}
+    return {"checks": checks_for(task.index, task.checks, grading)}
+
+
+def checks_hash(suite: Suite) -> str:
+    """sha256 (hex) of ``CHECKS_VERSION`` and, for every task of ``suite`` by index, what each grading applies to
+    it (``applied_checks``): verdicts with one hash were graded by the same checks, read the same way. The reasons'
+    wording and the task's notes are left out; the files the checks compare against are in the suite's content
+    hash. Raises nothing."""
+    tasks = {
+        str(index): {grading.value: applied_checks(suite.tasks[index], grading) for grading in Grading}
+        for index in sorted(suite.tasks)
+    }
+    text = json.dumps({"version": CHECKS_VERSION, "tasks": tasks}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -141,22 +176,8 @@ def grade(
     open files (in a grading sandbox); without it those checks are undecided and the grading ``ungradable``.
     ``original_view``: other tasks' files the original grading sees too (``grader.shared_output``).
     """
-    verdict = Verdict(
-        evaluation_id=trajectory.evaluation_id,
-        task_index=task.index,
-        attempt=trajectory.attempt,
-        paper_category=task.paper_category,
-        status=VerdictStatus.FAILED,
-        turns=trajectory.assistant_turns,
-        prompt_tokens=trajectory.prompt_tokens,
-        completion_tokens=trajectory.completion_tokens,
-        sandbox_id=trajectory.session.sandbox_id if trajectory.session else None,
-    )
+    verdict = session_verdict(trajectory, task.paper_category)
     if trajectory.end_reason.infra:
-        reason = f"{trajectory.end_reason.value}: {trajectory.error or 'no detail'}"
-        verdict.status, verdict.reason = VerdictStatus.INFRA_ERROR, reason
-        verdict.retryable = trajectory.end_reason.retryable
-        verdict.fixed = GradingOutcome(status=VerdictStatus.INFRA_ERROR, reason=reason)
         return verdict
     files = frozenset(normalise_output_path(name) for name in output_files)
     sandboxed = _sandboxed_results(task, (Grading.ORIGINAL, Grading.FIXED), run_file_checks, original_view)

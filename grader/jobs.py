@@ -21,13 +21,14 @@ from typing import Any
 from redis import Redis
 
 from grader import file_checks, session_files, shared_output
-from grader.grading import FileCheckRunner, OriginalView, grade, regrade_original
+from grader.grading import CHECKS_VERSION, FileCheckRunner, OriginalView, checks_hash, grade, regrade_original
 from grader.judge import judge_key_lost, judge_session
 from grader.settings import GraderSettings
 from services.errors import ArtifactExpiredError
 from services.evaluation import Evaluation
-from services.lifecycle import TaskLifecycle, should_retry
+from services.lifecycle import TaskLifecycle
 from services.logs import log_context
+from services.manifest import service_version
 from services.metrics import build_results
 from services.netguard import EgressPolicy
 from services.queues import GradeJob
@@ -38,7 +39,7 @@ from services.store import ArtifactStore
 from services.suite import Suite, load_suite
 from services.task import Task
 from services.trajectory import Trajectory
-from services.verdict import Judgment, VerdictStatus
+from services.verdict import Judgment, Verdict, VerdictStatus
 
 RunnerFactory = Callable[[GradeJob, shared_output.Borrowed], FileCheckRunner]
 """Makes the runner of one session's file-opening checks over its own files and the borrowed ones."""
@@ -100,9 +101,9 @@ def grade_and_record(
     """Grade the session of ``job``; write the verdict to the store and Redis, and the results when complete.
     ``secrets`` opens the judge's API key (none given: a keyed judge's key counts as lost).
 
-    A session the environment broke in a way that may mend by itself is not recorded but run again as its
-    next attempt (``services.lifecycle``'s retry policy); the last attempt's ``infra_error`` is recorded (and
-    never counted as failed).
+    A session that ended on an infrastructure reason is recorded ``infra_error`` (never counted as failed); one
+    that may mend by itself reaches the grader only once its attempts are spent (the executor that ran it ran it
+    again: ``services.lifecycle.TaskLifecycle.finish_session``).
     ``run_files`` makes the runners of the checks that open produced files (see ``sandbox_runners``; None: such
     checks are undecided). When the evaluation has a judge, the session is judged too (``judge_options``:
     ``grader.judge.Judge``'s options, e.g. timeouts), its endpoint reached only where ``egress`` permits (no
@@ -136,12 +137,8 @@ def grade_and_record(
             store, job.evaluation_id, task.index, links.get(task.index, {}), output_files, attempts
         )
         own = run_files(job, shared_output.Borrowed()) if run_files else None
-        verdict = grade(task, trajectory, output_files, own, _view(run_files, job, borrowed))
+        verdict = _graded_with(grade(task, trajectory, output_files, own, _view(run_files, job, borrowed)), suite)
         verdict.grading = job.grading
-        if should_retry(verdict):
-            store.put_verdict(verdict)  # every attempt's verdict is kept in the store; Redis holds the task's last
-            recorded = lifecycle.record_verdict(verdict)
-            return {"task": task.index, "status": verdict.status.value, "retried_as_attempt": recorded.retried_as}
         verdict.judgment = judgment
         if job.attempt >= state.task_attempt(job.evaluation_id, task.index):  # not a stale duplicate's grading
             regraded = _regrade_borrowers(
@@ -153,7 +150,16 @@ def grade_and_record(
         store.put_results(
             build_results(job.evaluation_id, state.verdicts(job.evaluation_id), complete=True, prices=evaluation.prices)
         )
+        store.put_evaluation(state.get(job.evaluation_id))  # its manifest's gradings, filled in at completion
     return {"task": task.index, "status": verdict.status.value, **({"regraded": regraded} if regraded else {})}
+
+
+def _graded_with(verdict: Verdict, suite: Suite) -> Verdict:
+    """``verdict`` with what graded it: this grader's build and the checks hash of ``suite`` under its check code."""
+    verdict.grader_version = service_version()
+    verdict.checks_hash = checks_hash(suite)
+    verdict.checks_version = CHECKS_VERSION
+    return verdict
 
 
 def _judgment(
@@ -222,6 +228,7 @@ def _regrade_borrowers(
         borrowed = shared_output.borrow(store, evaluation_id, index, links[index], files, attempts)
         trajectory = store.get_trajectory(evaluation_id, index, verdict.attempt)
         again = regrade_original(verdict, suite.task(index), trajectory, files, _view(run_files, job, borrowed))
+        again = _graded_with(again.model_copy(), suite)
         if (again.status, again.checks, again.reason) != (verdict.status, verdict.checks, verdict.reason):
             store.put_verdict(again)
             lifecycle.record_verdict(again)

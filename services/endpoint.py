@@ -152,7 +152,9 @@ class Completion:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     """The reply's calls of the tools offered (OpenAI's ``tool_calls``), in order."""
     requests: int = 1
-    """HTTP requests sent for it, retries included."""
+    """HTTP requests sent for it, retries included (0 for a reply replayed from the evaluation's reply cache)."""
+    replayed: bool = False
+    """It came from the evaluation's reply cache (``services.replies``): no model call was made for it."""
 
 
 @dataclass(frozen=True)

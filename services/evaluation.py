@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 
 DEFAULT_MAX_TURNS = 10
 """PyBench's turn limit: at most ten assistant turns per task."""
@@ -52,6 +52,14 @@ class Budgets(BaseModel):
     )
     max_seconds_per_task: float | None = Field(
         default=None, gt=0, le=86_400, description="seconds of one session, from its first model call"
+    )
+    max_cost_usd: float | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        description="USD the evaluation may spend on model calls at its prices (prices required), over all its "
+        "sessions: once reached, every session stops before its next turn (cost_budget). Sessions run at once, so "
+        "the spend may pass it by the calls in flight.",
     )
 
 
@@ -134,8 +142,15 @@ class EvaluationCreate(BaseModel):
     prices: Prices | None = Field(default=None, description="USD per million tokens, for the results' cost.")
     budgets: Budgets | None = Field(
         default=None,
-        description="Per-task limits on tokens and wall time: a session past one stops before its next turn, ending "
-        "token_budget or time_budget, and is graded as it stands.",
+        description="Per-task limits on tokens and wall time, and a cost limit per evaluation: a session past one "
+        "stops before its next turn, ending token_budget, time_budget or cost_budget, and is graded as it stands.",
+    )
+    reply_cache: bool = Field(
+        default=False,
+        description="Keep the model's replies by what was asked (endpoint, model, messages, sampling with the seed, "
+        "epoch): a session run again after an infrastructure failure replays the replies it had, runs their cells "
+        "again in its fresh sandbox, and calls the model only for the turns that remain. Only for endpoints that "
+        "answer the same request the same way (greedy decoding, or a seed they honour).",
     )
     epochs: int = Field(
         default=1,
@@ -154,6 +169,14 @@ class EvaluationCreate(BaseModel):
         "executors: a GPU server's batch size, or what a rate-limited API allows. Other evaluations share the "
         "executors with it fairly.",
     )
+
+    @model_validator(mode="after")
+    def _cost_needs_prices(self) -> "EvaluationCreate":
+        if self.budgets is not None and self.budgets.max_cost_usd is not None and self.prices is None:
+            raise ValueError(
+                "budgets.max_cost_usd needs prices (USD per million prompt and completion tokens) to count the cost"
+            )
+        return self
 
     @field_validator("tasks")
     @classmethod
@@ -191,6 +214,37 @@ class TaskState(StrEnum):
         return self in (TaskState.DONE, TaskState.UNAVAILABLE, TaskState.CANCELLED)
 
 
+class GradingRecord(BaseModel):
+    """One grading of an evaluation, as its manifest lists it: grading 1 when the evaluation is accepted, one more
+    per ``POST .../regrade`` (``services.manifest``). What graded it is filled in from its verdicts once the
+    evaluation completes under it."""
+
+    grading: int = Field(description="Its number: 1 for the grading of the sessions as they ended, then 2, 3, ...")
+    started_at: datetime = Field(
+        description="When it started: the evaluation's acceptance for grading 1, the regrade request for later ones."
+    )
+    graded: list[Literal["checks", "judge"]] = Field(
+        description="What it graded: the checks (both gradings, original and fixed) always, and the LLM judge's "
+        "judgment when the evaluation had a judge for it."
+    )
+    judge_model: str | None = Field(default=None, description="The judge's model for this grading; None without one.")
+    grader_versions: list[str] = Field(
+        default_factory=list,
+        description="The service versions (<version>+<commit>) of the grader builds that graded its verdicts: one, "
+        "unless graders were upgraded while it ran; empty until the evaluation completes under it.",
+    )
+    checks_hashes: list[str] = Field(
+        default_factory=list,
+        description="The checks hashes its verdicts were graded with (Verdict.checks_hash: sha256 of the check "
+        "code's version and every task's checks as the grader applies them); empty until it completes.",
+    )
+    comparable_key: str | None = Field(
+        default=None,
+        description="The evaluation's comparable key when it completed under this grading (it changes only when "
+        "the checks did); None until then.",
+    )
+
+
 class RunManifest(BaseModel):
     """What an evaluation ran with, so that two runs can be told comparable or not (made by
     ``services.manifest.build_manifest`` when the evaluation is accepted). Hashes are sha256 in hex."""
@@ -215,8 +269,19 @@ class RunManifest(BaseModel):
     judge_prompt_hash: str | None = None
     """As the graders advertised it for that mode; None without a judge, or before any grader advertised."""
     comparable_key: str
-    """Runs with the same key ran the same suite version, the same tasks, prompt, mode and turn limit: only they
-    are ranked together."""
+    """Runs with the same key ran the same suite version, the same tasks, prompt, mode and turn limit, and their
+    current verdicts were graded with the same checks: only they are ranked together. Set at submission; a grading
+    graded with checks other than the baseline's changes it (``services.manifest.graded_key``)."""
+    base_key: str | None = Field(
+        default=None,
+        description="The comparable key as submitted, before any grading's checks entered it (None in manifests "
+        "recorded before gradings were: their comparable_key is still the submitted one).",
+    )
+    gradings: list[GradingRecord] = Field(
+        default_factory=list,
+        description="Every grading of the evaluation, oldest first (empty in manifests recorded before gradings "
+        "were; those list only the regrades made since).",
+    )
 
 
 class Evaluation(BaseModel):
@@ -240,6 +305,8 @@ class Evaluation(BaseModel):
     has_judge_api_key: bool = False
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     budgets: Budgets | None = None
+    reply_cache: bool = False
+    """Its sessions keep and replay the model's replies (``services.replies``)."""
     grading: int = 1
     """How many times it was graded: 1, then one more per ``POST .../regrade``."""
     run_id: str | None = None

@@ -4,41 +4,48 @@ Every write of a task's state, attempt or live verdict happens here, as a named 
 reconciler, the executor and the grader call these and nothing else writes them (``services.state`` reads)::
 
     create ─┬─> queued ──start──> running ──finish_session──> grading ──record_verdict──> done
-            │     ^  │               │                                        │
-            │     │  └──cancel──┐    └──finish_session (cancelled)──┐          │ a retryable infra_error,
-            │     │             v                                   v          │ attempts left
-            │     │          cancelled <────────────────────────────┘          │
-            │     └──────────── retry (the next attempt, queued again) <───────┘  also POST .../retry
+            │     ^  │               │  │
+            │     │  └──cancel──┐    │  └──finish_session (cancelled)──> cancelled
+            │     │             v    │
+            │     │          cancelled
+            │     └── finish_session (a retryable infra end, attempts left): the next attempt, queued again
+            │         after the retry delay without holding an executor slot; also POST .../retry (``retry``)
             └─> unavailable (its input files are missing: a verdict at once, never run)
 
     requeue_session / requeue_grading   the reconciler queues a lost job again, same attempt, at most
                                         MAX_REQUEUES times; then give_up records the attempt's end
     restore                             an evaluation Redis lost, rebuilt from the artifact store
 
-A ``queued`` task is either held (waiting its turn) or admitted (its session job is on the shared queue): at most
+A ``queued`` task is either held (waiting its turn) or admitted (its session job is on the shared queue, or, for a
+retry waiting out its delay, in ``services.queues.RETRIES_KEY``): at most
 ``Evaluation.max_concurrency`` of an evaluation's sessions are admitted or running at once, and each session that
 ends admits the next (``services.admission``, which only this module calls; ``admit`` fills the window again and
 the reconciler calls it every pass).
 
-The retry policy lives here too: a session that ends in an ``infra_error`` whose cause may mend by itself (a
-dead sandbox, an endpoint that timed out or answered 5xx: ``EndReason.retryable``) runs again as its next
-attempt, up to ``MAX_ATTEMPTS``; a cause only the user can fix (a lost key, a 4xx from the endpoint) is
-recorded at once, with a reason that says what to do.
+The retry policy lives here too, applied where a session ends (``finish_session``, called by the executor that ran
+it): a session that ends on an infrastructure reason that may mend by itself (a dead sandbox, an endpoint that
+timed out or answered 5xx: ``EndReason.retryable``) runs again as its next attempt, up to ``MAX_ATTEMPTS``,
+without a grading; a cause only the user can fix (a lost key, a 4xx from the endpoint) is graded ``infra_error``
+at once, with a reason that says what to do. The grader only grades.
 
 Keys (prefix ``pbe:evaluation:<id>``, see ``services.state``): ``:tasks`` (index -> state), ``:attempts``
 (index -> attempt), ``:verdicts`` (index -> the latest attempt's verdict), ``:cancelled``. An evaluation whose
 tasks are all finished has its API keys dropped from the secret store (they are not kept at rest any longer than
-a session or the judge needs them).
+a session or the judge needs them), and its manifest's gradings filled in from its verdicts (the grader versions,
+the checks hashes, the comparable key: ``services.manifest.record_gradings``); ``regrade`` adds a grading's record.
 """
 
+import logging
 import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from redis import Redis
+from redis import Redis, WatchError
 
 from services.admission import AdmissionWindow
 from services.evaluation import Evaluation, JudgeConfig, TaskState
+from services.manifest import record_gradings, start_grading
 from services.queues import (
     GradeJob,
     SessionJob,
@@ -47,11 +54,14 @@ from services.queues import (
     enqueue_grading,
     enqueue_session,
     grade_job_id,
+    schedule_session,
     session_job_id,
+    unschedule_session,
 )
 from services.secretbox import SecretBox
 from services.state import StateStore, evaluation_key, hold_keys, open_key, run_key
 from services.suite import Suite
+from services.trajectory import EndReason
 from services.verdict import Verdict, VerdictStatus
 
 MAX_ATTEMPTS = 3
@@ -70,6 +80,12 @@ DEFAULT_RETRY_DELAY_S = 5.0
 as long, up to a minute: an environment that broke is given time to mend instead of burning the attempts at once."""
 
 
+log = logging.getLogger(__name__)
+
+GRADINGS_RECORD_TRIES = 20
+"""How often completing an evaluation reads and fills in its manifest's gradings when other writers change it."""
+
+
 def retry_delay_s(attempt: int) -> float:
     """How long the session of ``attempt`` waits before it starts (0 for a first attempt)."""
     if attempt <= 1:
@@ -81,8 +97,6 @@ def retry_delay_s(attempt: int) -> float:
 class Recorded:
     """What ``record_verdict`` did."""
 
-    retried_as: int | None
-    """The attempt the task was queued again as, or None when the verdict was recorded as the task's."""
     complete: bool
     """Every task of the evaluation is finished (its results can be written)."""
 
@@ -99,6 +113,12 @@ def unavailable_verdict(evaluation_id: str, suite: Suite, task_index: int) -> Ve
         status=VerdictStatus.UNAVAILABLE,
         reason="input files missing from this copy of the suite: " + missing,
     )
+
+
+def session_retryable(end_reason: EndReason, attempt: int) -> bool:
+    """The retry policy at a session's end: an infrastructure reason that may mend by itself
+    (``EndReason.retryable``), with attempts left."""
+    return end_reason.retryable and attempt < MAX_ATTEMPTS
 
 
 def should_retry(verdict: Verdict) -> bool:
@@ -200,6 +220,7 @@ class TaskLifecycle:
             self._set_states(evaluation_id, dict.fromkeys(queued, TaskState.CANCELLED))
         for index in queued:
             cancel_job(self.redis, session_job_id(self._session(evaluation_id, index)))
+            unschedule_session(self.redis, self._session(evaluation_id, index))
         self.window.leave(evaluation_id, queued)
         self._close_if_complete(evaluation_id)
         return queued
@@ -232,37 +253,64 @@ class TaskLifecycle:
         self._set_states(job.evaluation_id, {job.task_index: TaskState.RUNNING})
         return True
 
-    def finish_session(self, job: SessionJob, *, cancelled: bool = False) -> None:
+    def finish_session(
+        self, job: SessionJob, *, cancelled: bool = False, end_reason: EndReason | None = None
+    ) -> int | None:
         """The session of ``job`` ended and its trajectory is stored: the task goes to ``grading`` and its
         grading is enqueued; a session stopped by a cancellation goes to ``cancelled`` instead (not graded). Its
-        place in the admission window goes to the next held task."""
+        place in the admission window goes to the next held task.
+
+        A session that ended on ``end_reason`` where the retry policy runs it again (``session_retryable``; not once
+        the evaluation is cancelled) is not graded: the task goes back to ``queued`` as its next attempt, keeping
+        its place in the window, and that attempt's job is scheduled ``retry_delay_s`` from now
+        (``services.queues.schedule_session``), so no executor slot waits out the delay. Returns that attempt, or
+        None when the session was not run again."""
         if cancelled:
             self._set_states(job.evaluation_id, {job.task_index: TaskState.CANCELLED})
             self.window.leave(job.evaluation_id, [job.task_index])
             self._close_if_complete(job.evaluation_id)
-            return
+            return None
+        if (
+            end_reason is not None
+            and session_retryable(end_reason, job.attempt)
+            and not self.state.cancelled(job.evaluation_id)
+        ):
+            return self._retry_later(job)
         self._set_states(job.evaluation_id, {job.task_index: TaskState.GRADING})
         self.window.leave(job.evaluation_id, [job.task_index])
         enqueue_grading(
             self.redis, GradeJob(evaluation_id=job.evaluation_id, task_index=job.task_index, attempt=job.attempt)
         )
         self.admit(job.evaluation_id)
+        return None
+
+    def _retry_later(self, job: SessionJob) -> int:
+        """The task of ``job`` back to ``queued`` as its next attempt, whose job is scheduled after the retry delay
+        (in the same transaction). Returns the new attempt."""
+        attempt = job.attempt + 1
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hdel(evaluation_key(job.evaluation_id, "verdicts"), str(job.task_index))
+        pipe.hset(evaluation_key(job.evaluation_id, "tasks"), str(job.task_index), TaskState.QUEUED.value)
+        pipe.hset(evaluation_key(job.evaluation_id, "attempts"), str(job.task_index), str(attempt))
+        following = SessionJob(evaluation_id=job.evaluation_id, task_index=job.task_index, attempt=attempt)
+        schedule_session(pipe, following, time.time() + retry_delay_s(attempt))
+        pipe.execute()
+        return attempt
 
     def record_verdict(self, verdict: Verdict) -> Recorded:
-        """Record the grade of a session: the task's verdict, the task ``done``; or, under the retry policy
-        (``should_retry``), the session queued again as its next attempt. Idempotent per task and attempt: the
-        grading of an attempt older than the task's (a duplicate the reconciler queued) changes nothing."""
+        """Record the grade of a session: the task's verdict, the task ``done`` (retries are decided where sessions
+        end, ``finish_session``). Idempotent per task and attempt: the grading of an attempt older than the task's
+        (a duplicate the reconciler queued) changes nothing."""
         if verdict.attempt < self.state.task_attempt(verdict.evaluation_id, verdict.task_index):
-            return Recorded(retried_as=None, complete=self.state.complete(verdict.evaluation_id))
-        if should_retry(verdict):
-            return Recorded(retried_as=self.retry(verdict.evaluation_id, verdict.task_index), complete=False)
+            return Recorded(complete=self.state.complete(verdict.evaluation_id))
         self._put_verdict(verdict)
-        return Recorded(retried_as=None, complete=self._close_if_complete(verdict.evaluation_id))
+        return Recorded(complete=self._close_if_complete(verdict.evaluation_id))
 
     def regrade(self, evaluation: Evaluation, judge: JudgeConfig | None, judge_api_key: str | None) -> list[int]:
         """Grade a finished evaluation again from its stored trajectories and files, starting no session: its
         grading count goes up (and its judge becomes ``judge`` when one is given), every task whose session tested
-        the agent goes back to ``grading`` and its grading is enqueued. Returns those tasks.
+        the agent goes back to ``grading`` and its grading is enqueued; its manifest lists the new grading. Returns
+        those tasks.
 
         Raises:
             SecretsKeyMissingError: a judge key is given and the lifecycle has no secrets key.
@@ -272,6 +320,8 @@ class TaskLifecycle:
         update: dict[str, Any] = {"grading": evaluation.grading + 1}
         if judge is not None:
             update |= {"judge": judge, "has_judge_api_key": judge_api_key is not None}
+        if evaluation.manifest is not None:
+            update["manifest"] = start_grading(evaluation.manifest, evaluation.grading + 1, judge or evaluation.judge)
         regraded = evaluation.model_copy(update=update)
         pipe = self.redis.pipeline(transaction=True)
         pipe.set(evaluation_key(evaluation.id), regraded.model_dump_json())
@@ -327,7 +377,7 @@ class TaskLifecycle:
         self.window.leave(verdict.evaluation_id, [verdict.task_index])
         complete = self._close_if_complete(verdict.evaluation_id)
         self.admit(verdict.evaluation_id)
-        return Recorded(retried_as=None, complete=complete)
+        return Recorded(complete=complete)
 
     def requeue_session(self, job: SessionJob) -> None:
         """Queue again, at the same attempt, a session whose job was lost (its worker died, Redis dropped it); it
@@ -344,9 +394,11 @@ class TaskLifecycle:
 
     def _close_if_complete(self, evaluation_id: str) -> bool:
         """When every task is finished, forget the evaluation's API keys (no session or judge needs them any
-        more; a later retry stops with ``key_lost`` until they are sent again). Returns whether it was complete."""
+        more; a later retry stops with ``key_lost`` until they are sent again), and fill in its manifest's gradings.
+        Returns whether it was complete."""
         complete = self.state.complete(evaluation_id)
         if complete:
+            self._record_gradings(evaluation_id)
             self.state.drop_keys(evaluation_id)
             self.window.forget(evaluation_id)
             self.redis.srem(open_key(self.state.get(evaluation_id).owner), evaluation_id)
@@ -369,6 +421,36 @@ class TaskLifecycle:
 
     def _set_attempt(self, evaluation_id: str, task_index: int, attempt: int) -> None:
         self.redis.hset(evaluation_key(evaluation_id, "attempts"), str(task_index), str(attempt))
+
+    def _record_gradings(self, evaluation_id: str) -> None:
+        """Fill in the gradings of the evaluation's manifest from its verdicts (``record_gradings``), written only if
+        neither the evaluation nor its verdicts changed meanwhile (else read and filled again). Nothing without a
+        manifest. Tries ``GRADINGS_RECORD_TRIES`` times against concurrent writers, then leaves the record as it was
+        (logged; the next completion of a grading fills it in)."""
+        key = evaluation_key(evaluation_id)
+        with self.redis.pipeline(transaction=True) as pipe:
+            for _ in range(GRADINGS_RECORD_TRIES):
+                try:
+                    pipe.watch(key, evaluation_key(evaluation_id, "verdicts"))  # type: ignore[no-untyped-call]
+                    raw = pipe.get(key)
+                    if raw is None:
+                        return
+                    evaluation = Evaluation.model_validate_json(raw)
+                    if evaluation.manifest is None:
+                        return
+                    manifest = record_gradings(
+                        evaluation.manifest, evaluation.grading, self.state.verdicts(evaluation_id)
+                    )
+                    if manifest == evaluation.manifest:
+                        return
+                    pipe.multi()
+                    pipe.set(key, evaluation.model_copy(update={"manifest": manifest}).model_dump_json())
+                    pipe.execute()
+                    return
+                except WatchError:
+                    continue
+        log.warning("%s: its manifest's gradings changed under %d tries; left as they were", evaluation_id,
+                    GRADINGS_RECORD_TRIES)  # fmt: skip
 
     def _put_verdict(self, verdict: Verdict) -> None:
         """The task's verdict and its state ``done``, in one transaction."""

@@ -131,6 +131,8 @@ def compute_metrics(verdicts: list[Verdict], prices: Prices | None = None) -> Me
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         cost_usd=prices.cost_usd(prompt_tokens, completion_tokens) if prices else None,
+        model_calls_saved=sum(v.replayed_turns for v in verdicts),
+        tokens_saved=sum(v.replayed_tokens for v in verdicts),
         fixed=fixed,
         llm=_judge_metrics(verdicts),
     )

@@ -170,3 +170,66 @@ def enqueue_grading(redis: Redis, job: GradeJob) -> Any:
     return enqueue(
         redis, GRADING_QUEUE, GRADE_SESSION_JOB, job, job_id=grade_job_id(job), timeout_s=DEFAULT_GRADE_JOB_TIMEOUT_S
     )
+
+
+RETRIES_KEY = "pbe:retries"
+"""Sorted set of session jobs to be queued later (a retry waiting out its delay): member the ``SessionJob`` as JSON,
+score the Unix time from which it may run. ``release_due_sessions`` moves the due ones onto the sessions queue;
+until then the job holds no executor slot (its task keeps its place in the evaluation's admission window)."""
+
+RELEASE_BATCH = 100
+"""The most scheduled sessions one ``release_due_sessions`` call queues."""
+
+
+def _member(job: SessionJob) -> str:
+    return job.model_dump_json()
+
+
+def schedule_session(redis: Redis, job: SessionJob, not_before: float) -> None:
+    """Queue the session of ``job`` at ``not_before`` (Unix time) instead of now."""
+    redis.zadd(RETRIES_KEY, {_member(job): not_before})
+
+
+def unschedule_session(redis: Redis, job: SessionJob) -> bool:
+    """Take a scheduled session out of line (its evaluation was cancelled). Returns whether it was scheduled."""
+    return bool(redis.zrem(RETRIES_KEY, _member(job)))
+
+
+def release_due_sessions(redis: Redis, now: float) -> list[SessionJob]:
+    """Queue the scheduled sessions whose time has come (at most ``RELEASE_BATCH``); each is released once, by
+    whichever caller removes it from the set first (any number of executors and reconcilers may call this at
+    once). Returns the sessions queued here. An entry that is not a session job is dropped."""
+    released = []
+    for raw in redis.zrangebyscore(RETRIES_KEY, 0, now, start=0, num=RELEASE_BATCH):
+        if not isinstance(raw, bytes | str) or not redis.zrem(RETRIES_KEY, raw):
+            continue  # another caller released it
+        try:
+            job = SessionJob.model_validate_json(raw)
+        except ValueError:
+            continue
+        enqueue_session(redis, job)
+        released.append(job)
+    return released
+
+
+def job_alive(redis: Redis, job_id: str) -> bool:
+    """Whether a worker has the job or will take it: queued and in its queue, scheduled or deferred by rq, or
+    started by a worker whose heartbeat lives (``services.liveness``)."""
+    from rq.job import Job, JobStatus
+    from rq.serializers import JSONSerializer
+
+    if not Job.exists(job_id, redis):
+        return False
+    job = Job.fetch(job_id, connection=redis, serializer=JSONSerializer)
+    status = job.get_status()
+    if status is JobStatus.QUEUED:
+        return redis.lpos(f"rq:queue:{job.origin}", job_id) is not None
+    if status is JobStatus.STARTED:
+        return bool(job.worker_name) and bool(redis.exists(f"rq:worker:{job.worker_name}"))
+    return status in (JobStatus.SCHEDULED, JobStatus.DEFERRED)
+
+
+def session_alive(redis: Redis, job: SessionJob) -> bool:
+    """Whether the session of ``job`` will run or runs: its rq job is alive (``job_alive``), or it waits in
+    ``RETRIES_KEY`` for its time."""
+    return redis.zscore(RETRIES_KEY, _member(job)) is not None or job_alive(redis, session_job_id(job))

@@ -72,6 +72,9 @@ class Turn(BaseModel):
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     model_latency_s: float = 0.0
+    replayed: bool = False
+    """The reply came from the evaluation's reply cache (a retried session replaying what an earlier attempt
+    paid for): no model call was made; its cell ran again in this session's sandbox."""
 
 
 class EndReason(StrEnum):
@@ -97,6 +100,9 @@ class EndReason(StrEnum):
     """The session used the evaluation's tokens per task (``budgets.max_tokens_per_task``): graded as it stands."""
     TIME_BUDGET = "time_budget"
     """The session ran for the evaluation's seconds per task (``budgets.max_seconds_per_task``): graded as it
+    stands."""
+    COST_BUDGET = "cost_budget"
+    """The evaluation spent its ``budgets.max_cost_usd`` at its prices (over all its sessions): graded as it
     stands."""
     CRASHED = "crashed"
     """The session's own code raised an unexpected error (a bug something in the model's answers or its code's
@@ -165,6 +171,16 @@ class Trajectory(BaseModel):
         """Completion tokens over every turn, as the endpoint reported them; None when it reported none."""
         counts = [t.completion_tokens for t in self.turns if t.completion_tokens is not None]
         return sum(counts) if counts else None
+
+    @property
+    def replayed_turns(self) -> int:
+        """Turns whose reply came from the reply cache: model calls this session did not pay for again."""
+        return sum(1 for t in self.turns if t.replayed)
+
+    @property
+    def replayed_tokens(self) -> int:
+        """Prompt and completion tokens of the replayed turns (as the endpoint reported them when they were paid)."""
+        return sum((t.prompt_tokens or 0) + (t.completion_tokens or 0) for t in self.turns if t.replayed)
 
     @property
     def assistant_turns(self) -> int:

@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from services.trajectory import Trajectory
+
 
 class VerdictStatus(StrEnum):
     PASSED = "passed"
@@ -122,6 +124,21 @@ class Verdict(BaseModel):
     grading: int = 1
     """Which grading of the evaluation made it (``POST .../regrade`` makes another; earlier ones stay in the store
     as ``verdict-grading-<n>.json``)."""
+    grader_version: str | None = Field(
+        default=None,
+        description="The service version (<version>+<commit>) of the grader build that graded it; None for a verdict "
+        "no grader made (an unavailable task, a job given up) or one stored before versions were recorded.",
+    )
+    checks_hash: str | None = Field(
+        default=None,
+        description="sha256 of the checks it was graded with: the check code's version and every task of the suite "
+        "with what each grading applies to it (grader.grading.checks_hash). Verdicts with one hash were graded alike.",
+    )
+    checks_version: int | None = Field(
+        default=None,
+        description="The check code's version inside that hash (grader.grading.CHECKS_VERSION), bumped whenever "
+        "the meaning of a check changes.",
+    )
     paper_category: str
     status: VerdictStatus
     checks: list[CheckResult] = Field(default_factory=list)
@@ -133,6 +150,10 @@ class Verdict(BaseModel):
     prompt_tokens: int | None = None
     """The session's prompt tokens over its turns, as the endpoint reported them (None: it reported none)."""
     completion_tokens: int | None = None
+    replayed_turns: int = 0
+    """Turns of the session replayed from the reply cache (model calls an earlier attempt had paid for)."""
+    replayed_tokens: int = 0
+    """The prompt and completion tokens of those turns: not paid again."""
     sandbox_id: str | None = None
     retryable: bool = False
     """An ``infra_error`` that running the session again may mend by itself (``EndReason.retryable``); the
@@ -213,6 +234,10 @@ class Metrics(BaseModel):
     completion_tokens: int = 0
     cost_usd: float | None = None
     """What the tokens cost at the prices the submission gave (USD per million tokens); None without prices."""
+    model_calls_saved: int = 0
+    """Turns replayed from the reply cache in retried sessions: model calls not made again."""
+    tokens_saved: int = 0
+    """The prompt and completion tokens of those turns."""
     avg_turns_paper: float = 0.0
     """The paper's average turns: a failed task counts as 10 turns, a passed one its own count (passed by the
     judge when there is one, else by the tests)."""
@@ -234,3 +259,28 @@ class Results(BaseModel):
     the mean pass rate over the tasks the grading decided (infrastructure failures, unavailable and ungradable
     tasks left out of the denominator and counted as ``excluded``), its standard error clustered by task, a 95%
     confidence interval (``ci_low``, ``ci_high``), pass@k and pass^k (``services.estimates``; docs/protocol.md)."""
+
+
+def session_verdict(trajectory: Trajectory, paper_category: str) -> Verdict:
+    """The verdict of a session before its checks: what the session counted (turns, tokens, replayed turns, its
+    sandbox), ``failed`` until graded; a session that ended on an infrastructure reason is an ``infra_error`` with
+    that reason (``retryable`` as the reason is) and needs no grading. Raises nothing."""
+    verdict = Verdict(
+        evaluation_id=trajectory.evaluation_id,
+        task_index=trajectory.task_index,
+        attempt=trajectory.attempt,
+        paper_category=paper_category,
+        status=VerdictStatus.FAILED,
+        turns=trajectory.assistant_turns,
+        prompt_tokens=trajectory.prompt_tokens,
+        completion_tokens=trajectory.completion_tokens,
+        replayed_turns=trajectory.replayed_turns,
+        replayed_tokens=trajectory.replayed_tokens,
+        sandbox_id=trajectory.session.sandbox_id if trajectory.session else None,
+    )
+    if trajectory.end_reason.infra:
+        reason = f"{trajectory.end_reason.value}: {trajectory.error or 'no detail'}"
+        verdict.status, verdict.reason = VerdictStatus.INFRA_ERROR, reason
+        verdict.retryable = trajectory.end_reason.retryable
+        verdict.fixed = GradingOutcome(status=VerdictStatus.INFRA_ERROR, reason=reason)
+    return verdict

@@ -14,11 +14,11 @@ from gateway.reconcile import reconcile
 from services.admission import AdmissionWindow
 from services.evaluation import TaskState
 from services.lifecycle import TaskLifecycle
-from services.queues import SESSIONS_QUEUE, GradeJob, SessionJob, enqueue_grading
+from services.queues import RETRIES_KEY, SESSIONS_QUEUE, GradeJob, SessionJob, enqueue_grading
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
-from services.verdict import VerdictStatus
-from tests.factories import make_evaluation, make_verdict
+from services.trajectory import EndReason
+from tests.factories import make_evaluation
 from tests.fixtures import queued_ids
 
 RUNNABLE = [2, 3, 5, 7, 14, 16, 30, 44, 46, 50]
@@ -103,7 +103,7 @@ def test_concurrent_admissions_never_pass_the_limit(redis_client: Redis) -> None
     assert window.admit("race", 7) == [7, 8]
 
 
-def test_cancel_empties_the_line_and_a_retry_goes_first(redis_client: Redis, suite: Suite) -> None:
+def test_cancel_empties_the_line_and_drops_a_retry_that_kept_its_place(redis_client: Redis, suite: Suite) -> None:
     lifecycle = TaskLifecycle(redis_client)
     evaluation = make_evaluation("adm2", RUNNABLE[:5], suite=suite, max_concurrency=1)
     lifecycle.create(evaluation, suite)
@@ -111,12 +111,17 @@ def test_cancel_empties_the_line_and_a_retry_goes_first(redis_client: Redis, sui
     job = take(redis_client)
     assert lifecycle.start(job)
     lifecycle.finish_session(job)  # admits the second task
-    broke = make_verdict("adm2", job.task_index, VerdictStatus.INFRA_ERROR, retryable=True)
-    assert lifecycle.record_verdict(broke).retried_as == 2
-    assert lifecycle.window.held("adm2")[0] == job.task_index  # before the three never run
+    second = take(redis_client)
+    assert lifecycle.start(second)
+    # The second session's sandbox died: it keeps its place (the window stays full, the three never run wait)
+    # while its retry waits out its delay outside the queue.
+    assert lifecycle.finish_session(second, end_reason=EndReason.SANDBOX_ERROR) == 2
+    assert lifecycle.window.is_admitted("adm2", second.task_index) and lifecycle.window.in_flight("adm2") == 1
+    assert len(lifecycle.window.held("adm2")) == 3 and queued_ids(redis_client, SESSIONS_QUEUE) == []
 
     cancelled = lifecycle.cancel("adm2")
-    assert sorted(cancelled) == sorted(RUNNABLE[1:5] + [job.task_index])
+    assert sorted(cancelled) == sorted(RUNNABLE[2:5] + [second.task_index])
+    assert redis_client.zcard(RETRIES_KEY) == 0, "the waiting retry is dropped"
     assert lifecycle.window.held("adm2") == [] and lifecycle.window.in_flight("adm2") == 0
     assert queued_ids(redis_client, SESSIONS_QUEUE) == []
     assert lifecycle.admit("adm2") == []  # nothing is admitted once cancelled

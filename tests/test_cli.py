@@ -6,7 +6,6 @@ import io
 import json
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,11 +20,11 @@ from gateway.app import create_app
 from gateway.cli import main
 from gateway.cli.commands import parse_tasks
 from gateway.cli.errors import UsageError
-from gateway.cli.notebook import build_notebook, split_reply
 from gateway.cli.printer import Printer, shorten
 from gateway.cli.report import REASON_WIDTH
 from gateway.cli.watch import watch
 from gateway.client import GatewayClient, GatewayError, GatewayUnreachableError
+from gateway.notebook import build_notebook, split_reply
 from services.apikeys import ApiKeyStore
 from services.extraction import extract_code
 from services.lifecycle import TaskLifecycle
@@ -33,8 +32,9 @@ from services.queues import SessionJob
 from services.recordings import read_recordings
 from services.state import StateStore
 from services.store import ArtifactStore
-from services.trajectory import EndReason, Execution, Message, Trajectory, Turn
-from services.verdict import GradingOutcome, Judgment, Verdict, VerdictStatus
+from services.trajectory import EndReason, Execution, Message, Turn
+from services.verdict import GradingOutcome, VerdictStatus
+from tests.factories import make_judgment, make_png, make_submission, make_trajectory, make_verdict
 from tests.fixtures import ADMIN_KEY, gateway_settings, test_secrets
 from tests.servers import free_port, serve
 
@@ -101,20 +101,8 @@ def client(gateway: str) -> Iterator[GatewayClient]:
 
 
 def submit(client: GatewayClient, tasks: list[int], model: str = MODEL, **extra: Any) -> str:
-    body = {"model": {"base_url": "http://127.0.0.1:9/v1", "model": model}, "tasks": tasks, "prompt": "gpt", **extra}
-    evaluation_id: str = client.submit(body)["evaluation"]["id"]
+    evaluation_id: str = client.submit(make_submission(tasks, model=model, **extra))["evaluation"]["id"]
     return evaluation_id
-
-
-def verdict(evaluation_id: str, index: int, status: VerdictStatus, **extra: Any) -> Verdict:
-    return Verdict(
-        evaluation_id=evaluation_id,
-        task_index=index,
-        attempt=1,
-        paper_category=CATEGORIES[index],
-        status=status,
-        **extra,
-    )
 
 
 def assert_one_error_line(run: Run, status: int, needle: str) -> None:
@@ -155,6 +143,7 @@ def test_submit_takes_every_field_the_api_takes(
         "--mode", "tools", "--cell-timeout", "30", "--temperature", "0.3", "--top-p", "0.9", "--max-tokens", "512",
         "--frequency-penalty", "0.1", "--input-price", "0.5", "--output-price", "1.5", "--no-server-preflight",
         "--max-concurrency", "4", "--judge-url", model_server[0], "--judge-model", MODEL, "--judge-mode", "pairwise",
+        "--max-tokens-per-task", "5000", "--max-seconds-per-task", "60", "--max-cost", "2.5", "--reply-cache",
     )  # fmt: skip
     assert run.status == 0, run.err
     evaluation = StateStore(redis_client).get(run.out.strip())
@@ -169,6 +158,14 @@ def test_submit_takes_every_field_the_api_takes(
     assert evaluation.prices is not None and evaluation.prices.output_per_million == 1.5
     assert evaluation.judge is not None and evaluation.judge.mode == "pairwise"
     assert evaluation.manifest is not None and evaluation.manifest.mode == "tools"
+    assert evaluation.budgets is not None and evaluation.reply_cache
+    assert evaluation.budgets.model_dump() == {
+        "max_tokens_per_task": 5000,
+        "max_seconds_per_task": 60.0,
+        "max_cost_usd": 2.5,
+    }
+    unpriced = cli("submit", "--model-url", model_server[0], "--model", MODEL, "--max-cost", "1")
+    assert_one_error_line(unpriced, 2, "--max-cost needs --input-price and --output-price")
     half = cli("submit", "--model-url", model_server[0], "--model", MODEL, "--input-price", "1")
     assert_one_error_line(half, 2, "a cost needs both --input-price and --output-price")
 
@@ -225,10 +222,6 @@ def test_list_filters_by_model_and_status(cli: Callable[..., Run], client: Gatew
     assert len(json.loads(cli("--json", "list", "--limit", "1").out)) == 1
 
 
-def _judged(evaluation_id: str, passed: bool) -> Judgment:
-    return Judgment(mode="absolute", status="passed" if passed else "failed", judge_model="judge", prompt_hash="h")
-
-
 def test_results_show_pass_rates_per_category_and_every_task(
     cli: Callable[..., Run], client: GatewayClient, redis_client: Redis
 ) -> None:
@@ -237,20 +230,19 @@ def test_results_show_pass_rates_per_category_and_every_task(
     lifecycle = TaskLifecycle(redis_client)
     passed_fixed = GradingOutcome(status=VerdictStatus.PASSED)
     lifecycle.record_verdict(
-        verdict(
-            evaluation_id, 7, VerdictStatus.PASSED, turns=3, fixed=passed_fixed, judgment=_judged(evaluation_id, True)
-        )
+        make_verdict(evaluation_id, 7, VerdictStatus.PASSED, turns=3, fixed=passed_fixed, judgment=make_judgment(True))
     )
     long_reason = "the output file ./output/77.txt does not contain the expected summary " * 3
     lifecycle.record_verdict(
-        verdict(
+        make_verdict(
             evaluation_id,
             77,
             VerdictStatus.FAILED,
+            category=CATEGORIES[77],
             turns=5,
             reason=long_reason,
             fixed=passed_fixed,
-            judgment=_judged(evaluation_id, False),
+            judgment=make_judgment(False),
         )
     )
     lifecycle.start(SessionJob(evaluation_id=evaluation_id, task_index=90))
@@ -299,7 +291,7 @@ def test_watch_follows_a_run_until_its_end_with_plain_lines_when_not_a_terminal(
             time.sleep(0.4)
             lifecycle.start(SessionJob(evaluation_id=evaluation_id, task_index=index))
             time.sleep(0.6)
-            lifecycle.record_verdict(verdict(evaluation_id, index, status, turns=2))
+            lifecycle.record_verdict(make_verdict(evaluation_id, index, status, category=CATEGORIES[index], turns=2))
 
     worker = threading.Thread(target=run_the_tasks)
     worker.start()
@@ -325,8 +317,8 @@ def test_watch_follows_a_run_until_its_end_with_plain_lines_when_not_a_terminal(
 def test_watch_draws_bars_per_category_on_a_terminal(client: GatewayClient, redis_client: Redis) -> None:
     evaluation_id = submit(client, [7, 77])
     lifecycle = TaskLifecycle(redis_client)
-    lifecycle.record_verdict(verdict(evaluation_id, 7, VerdictStatus.PASSED))
-    lifecycle.record_verdict(verdict(evaluation_id, 77, VerdictStatus.FAILED))
+    lifecycle.record_verdict(make_verdict(evaluation_id, 7, VerdictStatus.PASSED))
+    lifecycle.record_verdict(make_verdict(evaluation_id, 77, VerdictStatus.FAILED, category=CATEGORIES[77]))
     out = io.StringIO()
     results = watch(client, evaluation_id, Printer(out, styled=True))
     assert results.complete and results.metrics.passed == 1
@@ -424,7 +416,7 @@ def test_cancel_and_retry(cli: Callable[..., Run], client: GatewayClient, redis_
     assert StateStore(redis_client).cancelled(evaluation_id)
     assert_one_error_line(cli("retry", evaluation_id), 1, "HTTP 409: a cancelled evaluation is not run again")
     second = submit(client, [7, 77])
-    TaskLifecycle(redis_client).record_verdict(verdict(second, 7, VerdictStatus.INFRA_ERROR))
+    TaskLifecycle(redis_client).record_verdict(make_verdict(second, 7, VerdictStatus.INFRA_ERROR))
     assert_one_error_line(cli("retry", second, "--tasks", "77"), 1, "retry only tasks in: [7]")
     retried = cli("retry", second, "--tasks", "7")
     assert retried.status == 0 and "2 tasks queued" in retried.out
@@ -452,7 +444,7 @@ def test_the_leaderboard_lists_completed_evaluations(
     cli: Callable[..., Run], client: GatewayClient, redis_client: Redis
 ) -> None:
     evaluation_id = submit(client, [7])
-    TaskLifecycle(redis_client).record_verdict(verdict(evaluation_id, 7, VerdictStatus.PASSED))
+    TaskLifecycle(redis_client).record_verdict(make_verdict(evaluation_id, 7, VerdictStatus.PASSED))
     run = cli("leaderboard")
     assert run.status == 0
     (row,) = [line.split() for line in run.out.splitlines() if line.startswith("1 ")]
@@ -462,13 +454,7 @@ def test_the_leaderboard_lists_completed_evaluations(
 
 def _png() -> str:
     """A 1x1 red PNG, base64."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
-
-    header = (1).to_bytes(4, "big") * 2 + bytes([8, 2, 0, 0, 0])
-    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00\xff\x00\x00"))
-    return base64.b64encode(png + chunk(b"IEND", b"")).decode()
+    return base64.b64encode(make_png(1, 1, (255, 0, 0))).decode()
 
 
 def _opening(query: str) -> list[Message]:
@@ -487,10 +473,9 @@ def test_export_writes_results_a_pybench_trajectory_file_notebooks_and_saved_fil
     code = "import pandas as pd\nprint(pd.__version__)"
     reply = f"Analyse: read the data.\nAction:\n```python\n{code}\n```"
     store.put_trajectory(  # with turns: their code, output, error and image make the cells' outputs
-        Trajectory(
-            evaluation_id=evaluation_id,
-            task_index=7,
-            attempt=1,
+        make_trajectory(
+            evaluation_id,
+            7,
             messages=[
                 *_opening("Analyse the distribution of citations"),
                 Message(role="assistant", content=reply),
@@ -501,15 +486,13 @@ def test_export_writes_results_a_pybench_trajectory_file_notebooks_and_saved_fil
                 Turn(index=0, reply=reply, code=code, execution=Execution(output="2.2.2\n", images=[_png()])),
                 Turn(index=1, reply="Finished: the outliers are rows 3 and 9."),
             ],
-            end_reason=EndReason.NO_CODE,
         )
     )
     broken = "<|execute_start|>\n```python\n1/0\n```\n<|execute_end|>"
     store.put_trajectory(  # without turns: the code comes from the fence, the output from the next message
-        Trajectory(
-            evaluation_id=evaluation_id,
-            task_index=77,
-            attempt=1,
+        make_trajectory(
+            evaluation_id,
+            77,
             messages=[
                 *_opening("读一下这篇小说"),
                 Message(role="assistant", content=broken),
@@ -520,7 +503,7 @@ def test_export_writes_results_a_pybench_trajectory_file_notebooks_and_saved_fil
     )
     store.put_output_file(evaluation_id, 7, 1, "plots/7.png", b"png bytes")
     store.put_output_file(evaluation_id, 7, 1, "game/", b"")  # a folder the session left empty
-    TaskLifecycle(redis_client).record_verdict(verdict(evaluation_id, 7, VerdictStatus.PASSED))
+    TaskLifecycle(redis_client).record_verdict(make_verdict(evaluation_id, 7, VerdictStatus.PASSED))
     out = tmp_path / "export"
     run = cli("export", evaluation_id, "--out", str(out), "--notebooks", "--files")
     assert run.status == 0, run.err
@@ -581,20 +564,13 @@ AWKWARD_REPLY = (
 def test_the_notebook_shows_the_code_the_agent_loop_extracts(suite_path: Path) -> None:
     recorded = {r.index: r for r in read_recordings(suite_path / "trajectory.jsonl")}
     trajectories = [
-        Trajectory(
-            evaluation_id="e1",
-            task_index=index,
-            attempt=1,
-            messages=[Message.model_validate(m) for m in recorded[index].messages],
-            end_reason=EndReason.NO_CODE,
-        )
+        make_trajectory("e1", index, messages=[Message.model_validate(m) for m in recorded[index].messages])
         for index in (7, 44, 77, 126)  # 126's first reply holds two python fences
     ]
     trajectories.append(
-        Trajectory(
-            evaluation_id="e1",
-            task_index=1,
-            attempt=1,
+        make_trajectory(
+            "e1",
+            1,
             messages=[*_opening("q"), Message(role="assistant", content=AWKWARD_REPLY)],
             end_reason=EndReason.MAX_TURNS,
         )
@@ -623,7 +599,7 @@ def test_no_output_ever_shows_the_api_key(
     secret = plain.rsplit("_", 1)[-1]
     runs = [cli("--key", plain, "submit", "--model-url", model_server[0], "--model", MODEL, "--tasks", "7,77")]
     evaluation_id = runs[0].out.strip()
-    TaskLifecycle(redis_client).record_verdict(verdict(evaluation_id, 7, VerdictStatus.PASSED))
+    TaskLifecycle(redis_client).record_verdict(make_verdict(evaluation_id, 7, VerdictStatus.PASSED))
     for argv in (
         ["list"],
         ["list", "--json"],
@@ -687,9 +663,7 @@ def test_compare_prints_the_paired_difference_and_results_print_the_intervals(
     for index in tasks:  # A passes task 2 only; B every other task: discordant 1 and 9, p = 22/1024
         for evaluation_id, passed in ((a, index == 2), (b, index != 2)):
             status = VerdictStatus.PASSED if passed else VerdictStatus.FAILED
-            lifecycle.record_verdict(
-                Verdict(evaluation_id=evaluation_id, task_index=index, attempt=1, paper_category="Chart", status=status)
-            )
+            lifecycle.record_verdict(make_verdict(evaluation_id, index, status))
     run = cli("compare", a, b)
     assert run.status == 0, run.err
     (overall,) = [line for line in run.out.splitlines() if line.split()[:2] == ["original", "all"]]
@@ -711,12 +685,7 @@ def test_submit_with_epochs_and_a_seed_and_the_runs_statistics(
     for epoch in run["epochs"]:  # task 2 passes in both epochs, task 3 in the second only
         for index, passed in ((2, True), (3, epoch["epoch"] == 2)):
             status = VerdictStatus.PASSED if passed else VerdictStatus.FAILED
-            lifecycle.record_verdict(
-                Verdict(
-                    evaluation_id=epoch["evaluation_id"], task_index=index, attempt=1, paper_category="Chart",
-                    status=status,
-                )
-            )  # fmt: skip
+            lifecycle.record_verdict(make_verdict(epoch["evaluation_id"], index, status))
     shown = cli("epochs", made.out.strip())
     assert shown.status == 0, shown.err
     assert "original: 75.0%" in shown.out and "pass@2 100.0%" in shown.out and "pass^2 50.0%" in shown.out
@@ -726,7 +695,7 @@ def test_regrade_asks_for_another_grading_and_refuses_half_a_judge(
     cli: Callable[..., Run], client: GatewayClient, redis_client: Redis
 ) -> None:
     evaluation_id = submit(client, [7])
-    TaskLifecycle(redis_client).record_verdict(verdict(evaluation_id, 7, VerdictStatus.PASSED))
+    TaskLifecycle(redis_client).record_verdict(make_verdict(evaluation_id, 7, VerdictStatus.PASSED))
     run = cli("regrade", evaluation_id)
     assert run.status == 0 and "grading 2 under way (1 tasks)" in run.out, run.err
     assert client.evaluation(evaluation_id)["evaluation"]["grading"] == 2

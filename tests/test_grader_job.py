@@ -11,7 +11,7 @@ from grader.jobs import grade_and_record
 from services.evaluation import JudgeConfig, ModelEndpoint, TaskState
 from services.lifecycle import MAX_ATTEMPTS, TaskLifecycle
 from services.netguard import EgressPolicy
-from services.queues import SESSIONS_QUEUE, GradeJob
+from services.queues import GRADING_QUEUE, GradeJob, SessionJob
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import load_suite
@@ -123,38 +123,43 @@ def test_an_evaluation_with_a_judge_gets_each_session_judged_with_the_key_from_t
     assert len(server.requests) == before
 
 
-def test_a_session_the_environment_broke_is_run_again_and_only_its_last_attempt_is_recorded(
+def test_a_session_the_environment_broke_is_run_again_by_its_executor_and_only_its_last_attempt_is_graded(
     redis_client: Redis, suite_path: Path, tmp_path: Path
 ) -> None:
+    """The executor decides the retry where the session ends (``finish_session``); the grader sees only the last
+    attempt, and grades it ``infra_error`` (never failed)."""
     suite = load_suite(suite_path)
     store = ArtifactStore(tmp_path)
     state = StateStore(redis_client)
+    lifecycle = TaskLifecycle(redis_client)
     evaluation = make_evaluation("retried", [44])
-    TaskLifecycle(redis_client).create(evaluation, suite)
-    queue = Queue(SESSIONS_QUEUE, connection=redis_client, serializer=JSONSerializer)
+    lifecycle.create(evaluation, suite)
+    grading = Queue(GRADING_QUEUE, connection=redis_client, serializer=JSONSerializer)
     for attempt in range(1, MAX_ATTEMPTS + 1):
         store.put_trajectory(
             make_trajectory(
                 evaluation.id, 44, None, attempt=attempt, end_reason=EndReason.SANDBOX_ERROR, error="the kernel died"
             )
         )
-        outcome = grade_and_record(
-            GradeJob(evaluation_id=evaluation.id, task_index=44, attempt=attempt),
-            redis=redis_client,
-            suite=suite,
-            store=store,
-        )
+        job = SessionJob(evaluation_id=evaluation.id, task_index=44, attempt=attempt)
+        assert lifecycle.start(job)
+        retried_as = lifecycle.finish_session(job, end_reason=EndReason.SANDBOX_ERROR)
         if attempt < MAX_ATTEMPTS:
-            assert outcome["retried_as_attempt"] == attempt + 1
-            assert f"pbe-session-retried-44-a{attempt + 1}" in queue.job_ids
+            assert retried_as == attempt + 1 and grading.job_ids == [], "not graded: run again"
             assert state.task_states(evaluation.id)[44] is TaskState.QUEUED and not state.verdicts(evaluation.id)
-    assert "retried_as_attempt" not in outcome
+    assert retried_as is None and len(grading.job_ids) == 1
+    outcome = grade_and_record(
+        GradeJob(evaluation_id=evaluation.id, task_index=44, attempt=MAX_ATTEMPTS),
+        redis=redis_client,
+        suite=suite,
+        store=store,
+    )
+    assert outcome["status"] == "infra_error"
     [verdict] = state.verdicts(evaluation.id)
-    assert verdict.status is VerdictStatus.INFRA_ERROR and verdict.attempt == MAX_ATTEMPTS
+    assert verdict.status is VerdictStatus.INFRA_ERROR and verdict.attempt == MAX_ATTEMPTS and verdict.retryable
     assert state.task_states(evaluation.id)[44] is TaskState.DONE
     results = json.loads((tmp_path / "evaluations" / evaluation.id / "results.json").read_text())
     assert results["metrics"]["by_status"]["infra_error"] == 1 and results["metrics"]["by_status"]["failed"] == 0
-    assert (tmp_path / "evaluations" / evaluation.id / "tasks/44/attempt-1/verdict.json").is_file()
 
 
 def test_a_judge_whose_key_is_gone_is_not_called_and_the_judgment_says_how_to_send_it(

@@ -17,7 +17,7 @@ from redis import Redis
 from grader import shared_output
 from grader.jobs import RunnerFactory, grade_and_record, sandbox_runners
 from services.lifecycle import TaskLifecycle
-from services.queues import GradeJob
+from services.queues import GradeJob, SessionJob
 from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, GRADING_ROLE, ROLE_LABEL
 from services.state import StateStore
 from services.store import ArtifactStore
@@ -151,7 +151,8 @@ def test_only_the_lenders_final_attempt_lends_its_files(redis_client: Redis, sui
     store = ArtifactStore(tmp_path)
     start(redis_client, suite, "share-attempt", [67, 68])
     session(store, "share-attempt", 67, {"67.png": b"\x89PNG"}, end=EndReason.SANDBOX_ERROR)  # run again
-    assert grade_task(redis_client, suite, store, "share-attempt", 67)["retried_as_attempt"] == 2
+    ended = SessionJob(evaluation_id="share-attempt", task_index=67)
+    assert TaskLifecycle(redis_client).finish_session(ended, end_reason=EndReason.SANDBOX_ERROR) == 2
     session(store, "share-attempt", 68, {"68.png": b"\x89PNG 68"})
     grade_task(redis_client, suite, store, "share-attempt", 68)
     assert verdict_of(redis_client, "share-attempt", 68).status is FAILED  # attempt 1 is not final

@@ -2,6 +2,7 @@
 fix (a lost key, an endpoint that answers 404) ending after one attempt through the real executor and grader
 jobs, the real replay model server and a real kernel gateway (the local backend)."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,15 @@ from redis import Redis
 
 from executor.replay.server import create_app
 from services.evaluation import TaskState
-from services.lifecycle import MAX_ATTEMPTS, TaskLifecycle, should_retry
-from services.queues import GRADING_QUEUE, SESSIONS_QUEUE, SessionJob
+from services.lifecycle import DEFAULT_RETRY_DELAY_S, MAX_ATTEMPTS, TaskLifecycle, session_retryable
+from services.queues import (
+    GRADING_QUEUE,
+    RETRIES_KEY,
+    SESSIONS_QUEUE,
+    SessionJob,
+    release_due_sessions,
+    session_alive,
+)
 from services.store import ArtifactStore
 from services.suite import Suite, load_suite
 from services.trajectory import EndReason
@@ -48,29 +56,58 @@ def test_a_task_goes_from_queued_through_running_and_grading_to_done(redis_clien
     assert not state.complete("life1")
 
     recorded = lifecycle.record_verdict(make_verdict("life1", 7, VerdictStatus.PASSED))
-    assert recorded.retried_as is None and recorded.complete and state.complete("life1")
+    assert recorded.complete and state.complete("life1")
     assert state.task_states("life1")[7] is TaskState.DONE
 
 
-def test_only_a_retryable_infra_error_runs_again_and_the_attempts_are_bounded(
+def test_only_a_retryable_infra_end_runs_again_after_its_delay_without_a_grading_and_the_attempts_are_bounded(
     redis_client: Redis, suite: Suite
 ) -> None:
     lifecycle = TaskLifecycle(redis_client)
     lifecycle.create(make_evaluation("life2", [7, 16], suite=suite), suite)
+    lifecycle.queue_sessions(lifecycle.state.get("life2"))
     for attempt in range(1, MAX_ATTEMPTS):
-        broke = make_verdict("life2", 7, VerdictStatus.INFRA_ERROR, attempt=attempt, retryable=True)
-        assert should_retry(broke)
-        assert lifecycle.record_verdict(broke).retried_as == attempt + 1
+        job = SessionJob(evaluation_id="life2", task_index=7, attempt=attempt)
+        assert lifecycle.start(job) and session_retryable(EndReason.SANDBOX_ERROR, attempt)
+        before = time.time()
+        assert lifecycle.finish_session(job, end_reason=EndReason.SANDBOX_ERROR) == attempt + 1
         assert lifecycle.state.task_states("life2")[7] is TaskState.QUEUED
+        assert lifecycle.state.task_attempt("life2", 7) == attempt + 1
+        assert lifecycle.window.is_admitted("life2", 7), "a retry keeps its place in the window"
+        # Not graded, not queued yet: scheduled after the retry delay, holding no executor slot meanwhile.
+        assert queued_ids(redis_client, GRADING_QUEUE) == []
+        following = SessionJob(evaluation_id="life2", task_index=7, attempt=attempt + 1)
+        assert f"pbe-session-life2-7-a{attempt + 1}" not in queued_ids(redis_client, SESSIONS_QUEUE)
+        due = redis_client.zscore(RETRIES_KEY, following.model_dump_json())
+        assert due is not None and before + DEFAULT_RETRY_DELAY_S * 2 ** (attempt - 1) * 0.5 <= due
+        assert session_alive(redis_client, following), "the reconciler must not take it for lost"
+        assert release_due_sessions(redis_client, due - 0.01) == []
+        assert release_due_sessions(redis_client, due) == [following]
+        assert release_due_sessions(redis_client, due) == [], "released once"
         assert f"pbe-session-life2-7-a{attempt + 1}" in queued_ids(redis_client, SESSIONS_QUEUE)
-    last = make_verdict("life2", 7, VerdictStatus.INFRA_ERROR, attempt=MAX_ATTEMPTS, retryable=True)
-    assert lifecycle.record_verdict(last).retried_as is None
-    assert lifecycle.state.task_states("life2")[7] is TaskState.DONE
+    last = SessionJob(evaluation_id="life2", task_index=7, attempt=MAX_ATTEMPTS)
+    assert lifecycle.start(last) and not session_retryable(EndReason.SANDBOX_ERROR, MAX_ATTEMPTS)
+    assert lifecycle.finish_session(last, end_reason=EndReason.SANDBOX_ERROR) is None
+    assert lifecycle.state.task_states("life2")[7] is TaskState.GRADING
 
-    users_to_fix = make_verdict("life2", 16, VerdictStatus.INFRA_ERROR, retryable=False)
-    assert lifecycle.record_verdict(users_to_fix).retried_as is None
-    assert lifecycle.state.task_states("life2")[16] is TaskState.DONE
-    assert not [j for j in queued_ids(redis_client, SESSIONS_QUEUE) if j.startswith("pbe-session-life2-16-")]
+    users_to_fix = SessionJob(evaluation_id="life2", task_index=16)
+    assert lifecycle.start(users_to_fix)
+    assert lifecycle.finish_session(users_to_fix, end_reason=EndReason.MODEL_REJECTED) is None
+    assert lifecycle.state.task_states("life2")[16] is TaskState.GRADING
+    assert redis_client.zcard(RETRIES_KEY) == 0
+
+
+def test_a_retry_waiting_out_its_delay_is_dropped_when_its_evaluation_is_cancelled(
+    redis_client: Redis, suite: Suite
+) -> None:
+    lifecycle = TaskLifecycle(redis_client)
+    lifecycle.create(make_evaluation("life5", [7], suite=suite), suite)
+    lifecycle.queue_sessions(lifecycle.state.get("life5"))
+    job = SessionJob(evaluation_id="life5", task_index=7)
+    assert lifecycle.start(job) and lifecycle.finish_session(job, end_reason=EndReason.MODEL_ERROR) == 2
+    assert redis_client.zcard(RETRIES_KEY) == 1
+    assert lifecycle.cancel("life5") == [7]
+    assert redis_client.zcard(RETRIES_KEY) == 0 and lifecycle.state.complete("life5")
 
 
 def test_the_grading_of_a_superseded_attempt_changes_nothing(redis_client: Redis, suite: Suite) -> None:
@@ -78,7 +115,7 @@ def test_the_grading_of_a_superseded_attempt_changes_nothing(redis_client: Redis
     lifecycle.create(make_evaluation("life3", [7], suite=suite), suite)
     assert lifecycle.retry("life3", 7) == 2
     stale = make_verdict("life3", 7, VerdictStatus.FAILED, attempt=1)
-    assert lifecycle.record_verdict(stale).retried_as is None
+    assert not lifecycle.record_verdict(stale).complete
     assert lifecycle.state.verdicts("life3") == [] and lifecycle.state.task_states("life3")[7] is TaskState.QUEUED
     lifecycle.record_verdict(make_verdict("life3", 7, VerdictStatus.PASSED, attempt=2))
     assert [v.attempt for v in lifecycle.state.verdicts("life3")] == [2]

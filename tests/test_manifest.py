@@ -16,9 +16,10 @@ from redis import Redis
 from gateway.app import create_app
 from services.components import SANDBOX_IMAGE, advertise, judge_prompt_key
 from services.lifecycle import TaskLifecycle
-from services.manifest import service_version
+from services.manifest import BASELINE_CHECKS_VERSION, graded_key, service_version
 from services.suite import load_suite
 from services.verdict import Verdict, VerdictStatus
+from tests.factories import make_verdict
 from tests.fixtures import ADMIN_KEY, BODY, gateway_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,6 +81,14 @@ def test_the_manifest_records_what_the_run_ran_with(api: httpx.Client, redis_cli
     assert re.fullmatch(r"\d+\.\d+\.\d+\+([0-9a-f]{12}(\.dirty)?|unknown)", manifest["service_version"]), manifest
     assert manifest["service_version"].split("+")[1].startswith(commit)
     assert api.get(f"/v1/evaluations/{evaluation['id']}").json()["evaluation"]["manifest"] == manifest
+    assert manifest["base_key"] == manifest["comparable_key"]
+    ((first,),) = [manifest["gradings"]]
+    assert (first["grading"], first["graded"], first["judge_model"], first["checks_hashes"]) == (
+        1,
+        ["checks", "judge"],
+        "judge-m",
+        [],  # filled in from its verdicts when the evaluation completes
+    )
 
 
 def test_comparable_runs_share_a_key_and_others_do_not(api: httpx.Client) -> None:
@@ -139,3 +148,20 @@ def test_the_service_version_names_the_image_build_where_there_is_one(monkeypatc
         assert service_version().startswith("0.1.0+") and "unknown+unknown" not in service_version()
     finally:
         service_version.cache_clear()
+
+
+def test_the_key_takes_the_checks_only_when_they_are_not_the_baselines() -> None:
+    def graded(status: VerdictStatus, checks: str | None, version: int | None) -> Verdict:
+        return make_verdict("e", 1, status, checks_hash=checks, checks_version=version)
+
+    base = "0123456789abcdef"
+    assert graded_key(base, []) == base
+    assert graded_key(base, [graded(VerdictStatus.PASSED, None, None)]) == base  # graded before checks were recorded
+    assert graded_key(base, [graded(VerdictStatus.FAILED, "a", BASELINE_CHECKS_VERSION)]) == base
+    assert graded_key(base, [graded(VerdictStatus.INFRA_ERROR, "b", 2)]) == base  # no check decided it
+    other = graded_key(base, [graded(VerdictStatus.PASSED, "b", 2)])
+    assert other != base and len(other) == 16
+    assert graded_key(base, [graded(VerdictStatus.FAILED, "b", 2), graded(VerdictStatus.PASSED, "b", 2)]) == other
+    assert graded_key(base, [graded(VerdictStatus.PASSED, "c", 3)]) not in (base, other)
+    mixed = graded_key(base, [graded(VerdictStatus.PASSED, "a", 1), graded(VerdictStatus.PASSED, "b", 2)])
+    assert mixed not in (base, other)

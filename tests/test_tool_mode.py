@@ -2,6 +2,7 @@
 local backend's gateway) runs the code; the output goes back as a `tool` message. Against a real scripted
 server on loopback that checks the request as an OpenAI server would."""
 
+import asyncio
 import json
 from collections import deque
 from collections.abc import Iterator
@@ -11,13 +12,16 @@ from typing import Any
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from redis import Redis
 
 from executor.agent import EXECUTE_PYTHON_TOOL, run_agent
+from executor.calls import SessionModel
 from executor.kernel import KernelClient
 from services.endpoint import EndpointClient
-from services.evaluation import Budgets
+from services.evaluation import Budgets, Evaluation, ModelEndpoint, Prices, Sampling
 from services.sandbox.base import SandboxSpec
 from services.sandbox.local import LocalSandboxBackend
+from services.spend import SpendLedger
 from services.trajectory import EndReason, Message
 from tests.servers import serve
 
@@ -179,3 +183,71 @@ def test_a_session_past_its_budget_ends_before_its_next_turn_with_its_own_reason
     assert len(run.turns) == turns and len(scripted.requests) == turns, "no model call past the budget"
     if reason is EndReason.TOKEN_BUDGET:
         assert run.error == "the session used 1,200 tokens, its budget of 1,000 per task"
+
+
+def test_an_evaluation_past_its_cost_limit_stops_every_session_before_its_next_turn(
+    kernel: KernelClient, redis_client: Redis
+) -> None:
+    """At $1000 per million tokens each call of 400 tokens costs $0.40: against a limit of $1 the first session
+    makes three calls ($1.20, past it), and the next session of the same evaluation makes none."""
+    scripted = BudgetServer()
+    budgets = Budgets(max_cost_usd=1.0)
+    with serve(scripted.app()) as url:
+        evaluation = Evaluation(
+            id="priced", model=ModelEndpoint(base_url=url + "/v1", model="m"), suite="pybench", tasks=[1, 2],
+            max_turns=5, cell_timeout_s=30, prompt="gpt", sampling=Sampling(), budgets=budgets,
+            prices=Prices(input_per_million=1000, output_per_million=1000),
+        )  # fmt: skip
+        runs = []
+        for _ in range(2):
+            endpoint = EndpointClient(url + "/v1", "m", retries=0)
+            model = SessionModel(endpoint, evaluation, ledger=SpendLedger(redis_client, evaluation.id))
+            runs.append(
+                run_agent(
+                    [Message(role="user", content="q")],
+                    model,
+                    kernel,
+                    max_turns=5,
+                    cell_timeout_s=30,
+                    sampling={},
+                    budgets=budgets,
+                    spent_usd=model.spent_usd,
+                )  # fmt: skip
+            )
+            endpoint.close()
+    assert [r.end_reason for r in runs] == [EndReason.COST_BUDGET, EndReason.COST_BUDGET]
+    assert [len(r.turns) for r in runs] == [3, 0] and len(scripted.requests) == 3
+    assert runs[1].error == "the evaluation spent $1.2000 on model calls, its budget of $1.0000"
+    assert not EndReason.COST_BUDGET.infra
+
+
+class SlowBudgetServer(BudgetServer):
+    """``BudgetServer``'s replies, each after ``LATENCY_S``."""
+
+    LATENCY_S = 0.4
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def complete(request: Request) -> JSONResponse:
+            await asyncio.sleep(self.LATENCY_S)
+            self.requests.append(await request.json())
+            choice = {"index": 0, "message": {"role": "assistant", "content": "```python\nprint(1)\n```"}}
+            return JSONResponse({"id": "c", "object": "chat.completion", "choices": [choice]})
+
+        return app
+
+
+def test_the_time_budget_counts_the_model_calls_not_only_the_last_cell(kernel: KernelClient) -> None:
+    """Calls of 0.4 s and quick cells against 1 s: past it after the third turn (about 1.2 s), whatever the cells
+    took."""
+    scripted = SlowBudgetServer()
+    with serve(scripted.app()) as url:
+        model = EndpointClient(url + "/v1", "m", retries=0)
+        run = run_agent(
+            [Message(role="user", content="q")], model, kernel, max_turns=8, cell_timeout_s=30, sampling={},
+            budgets=Budgets(max_seconds_per_task=1.0),
+        )  # fmt: skip
+    assert run.end_reason is EndReason.TIME_BUDGET
+    assert len(run.turns) == 3 == len(scripted.requests)

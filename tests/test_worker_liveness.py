@@ -16,8 +16,8 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from gateway.reconcile import _alive
 from services.liveness import DEFAULT_HEARTBEAT_TTL_S
+from services.queues import job_alive
 
 QUEUE = "pbe-liveness-test"
 
@@ -45,13 +45,13 @@ def test_a_worker_killed_mid_job_is_dead_to_the_reconciler_within_its_heartbeat_
             assert time.monotonic() < deadline and worker.poll() is None, "the worker never started the job"
             time.sleep(0.2)
         time.sleep(2 * 5.0)  # a few heartbeats while the job runs: the key stays short-lived, the job alive
-        assert _alive(redis_client, job.id)
+        assert job_alive(redis_client, job.id)
         name = Job.fetch(job.id, connection=redis_client, serializer=JSONSerializer).worker_name
         assert 0 < redis_client.ttl(f"rq:worker:{name}") <= DEFAULT_HEARTBEAT_TTL_S
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=10)
         killed = time.monotonic()
-        while _alive(redis_client, job.id):
+        while job_alive(redis_client, job.id):
             assert time.monotonic() - killed < DEFAULT_HEARTBEAT_TTL_S + 5, "the dead worker still looks alive"
             time.sleep(0.5)
         assert time.monotonic() - killed <= DEFAULT_HEARTBEAT_TTL_S + 1

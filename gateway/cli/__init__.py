@@ -106,6 +106,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--output-price", type=float, metavar="USD", help="price per million completion tokens, for the cost column"
     )
     submit.add_argument(
+        "--max-tokens-per-task", type=int, metavar="N", help="a session stops past N tokens (token_budget)"
+    )
+    submit.add_argument(
+        "--max-seconds-per-task", type=float, metavar="S", help="a session stops past S seconds (time_budget)"
+    )
+    submit.add_argument(
+        "--max-cost",
+        type=float,
+        metavar="USD",
+        help="the evaluation stops every session once it spent USD at its prices (cost_budget; needs the prices)",
+    )
+    submit.add_argument(
+        "--reply-cache",
+        action="store_true",
+        help="keep the model's replies so a retried session pays only for the turns that remain (deterministic "
+        "endpoints only: greedy decoding, or a seed the endpoint honours)",
+    )
+    submit.add_argument(
         "--no-server-preflight",
         action="store_true",
         help="ask the gateway not to check the endpoint before accepting (its own preflight, on by default)",

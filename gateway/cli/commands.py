@@ -123,6 +123,21 @@ def submit(args: argparse.Namespace, client: GatewayClient, printer: Printer) ->
         if not all(p is not None for p in prices):
             raise UsageError("a cost needs both --input-price and --output-price (USD per million tokens)")
         body["prices"] = {"input_per_million": args.input_price, "output_per_million": args.output_price}
+    budgets = {
+        name: value
+        for name, value in (
+            ("max_tokens_per_task", args.max_tokens_per_task),
+            ("max_seconds_per_task", args.max_seconds_per_task),
+            ("max_cost_usd", args.max_cost),
+        )
+        if value is not None
+    }
+    if budgets:
+        if "max_cost_usd" in budgets and "prices" not in body:
+            raise UsageError("--max-cost needs --input-price and --output-price (USD per million tokens)")
+        body["budgets"] = budgets
+    if args.reply_cache:
+        body["reply_cache"] = True
     if args.no_server_preflight:
         body["preflight"] = False
     judge_given = [args.judge_url is not None, args.judge_model is not None]

@@ -135,9 +135,15 @@ def summary_line(results: Results) -> str:
 
 
 def usage_line(metrics: Metrics) -> str:
-    """``tokens: 1,234 prompt + 567 completion · cost $0.01`` (the cost only when the submission gave prices)."""
+    """``tokens: 1,234 prompt + 567 completion · cost $0.01 · 3 model calls (1,200 tokens) replayed, not paid
+    again`` (the cost only when the submission gave prices; the replayed calls only when a retry replayed some)."""
     line = f"tokens: {metrics.prompt_tokens:,} prompt + {metrics.completion_tokens:,} completion"
-    return line if metrics.cost_usd is None else f"{line} · cost ${metrics.cost_usd:.4f}"
+    if metrics.cost_usd is not None:
+        line += f" · cost ${metrics.cost_usd:.4f}"
+    if metrics.model_calls_saved:
+        saved = f"{metrics.model_calls_saved:,} model calls ({metrics.tokens_saved:,} tokens)"
+        line += f" · {saved} replayed, not paid again"
+    return line
 
 
 def manifest_line(manifest: dict[str, Any]) -> str:

@@ -1,0 +1,67 @@
+"""The model as one session sees it: the evaluation's endpoint, through its reply cache when it keeps one, each
+paid call charged to its spend when it has a cost limit."""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from services.endpoint import ChatMessage, Completion, EndpointClient
+from services.evaluation import Evaluation
+from services.replies import ReplyCache, request_key
+from services.spend import SpendLedger
+
+
+class SessionModel:
+    """Asks the evaluation's endpoint for completions (``complete``, as ``EndpointClient``'s).
+
+    With ``replies``: a request asked before (``services.replies.request_key``) is answered from the cache,
+    ``replayed`` set, without a call; a paid reply is kept. With ``ledger`` (and the evaluation's prices): each
+    paid call's tokens are charged to the evaluation's spend, and ``spent_usd`` reads it.
+    """
+
+    def __init__(
+        self,
+        endpoint: EndpointClient,
+        evaluation: Evaluation,
+        *,
+        replies: ReplyCache | None = None,
+        ledger: SpendLedger | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.evaluation = evaluation
+        self.replies = replies
+        self.ledger = ledger if evaluation.prices is not None else None
+
+    def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        sampling: Mapping[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> Completion:
+        """One completion: replayed from the cache, or asked of the endpoint (and kept, and charged).
+
+        Raises:
+            What ``EndpointClient.complete`` raises, for a call made.
+        """
+        key = None
+        if self.replies is not None:
+            key = request_key(
+                self.evaluation.model.base_url,
+                self.evaluation.model.model,
+                messages,
+                sampling or {},
+                tools,
+                self.evaluation.epoch,
+            )
+            kept = self.replies.get(key)
+            if kept is not None:
+                return kept
+        completion = self.endpoint.complete(messages, sampling, tools)
+        if self.ledger is not None and self.evaluation.prices is not None:
+            self.ledger.charge(self.evaluation.prices, completion.prompt_tokens, completion.completion_tokens)
+        if self.replies is not None and key is not None:
+            self.replies.put(key, completion)
+        return completion
+
+    def spent_usd(self) -> float | None:
+        """What the evaluation has spent so far at its prices; None when it is not counted (no prices)."""
+        return self.ledger.spent_usd() if self.ledger is not None else None
