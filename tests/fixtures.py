@@ -17,6 +17,7 @@ from redis import Redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
+from executor.settings import ExecutorSettings
 from gateway.dashboard.access import LOGIN_COOKIE
 from gateway.settings import GatewaySettings
 from services.evaluation import Evaluation, TaskState
@@ -145,13 +146,24 @@ def queued_ids(redis: Redis, queue: str) -> list[str]:
     return Queue(queue, connection=redis, serializer=JSONSerializer).job_ids
 
 
+def docker_executor_settings(redis_url: str, suite_path: Path, tmp_path: Path, network: str) -> ExecutorSettings:
+    """Settings of an executor on ``redis_url`` whose sandboxes are Docker containers on ``network``, artifacts under
+    ``tmp_path``, the model reached on 127.0.0.1 only."""
+    return ExecutorSettings(
+        REDIS_URL=redis_url,
+        SUITE_PATH=suite_path,
+        ARTIFACT_ROOT=tmp_path,
+        SANDBOX_NETWORK=network,
+        EGRESS_ALLOWLIST="127.0.0.1",
+    )
+
+
 def run_and_grade(
     evaluation: Evaluation, suite: Suite, redis_url: str, redis: Redis, tmp_path: Path, api_key: str | None = None
 ) -> Verdict:
     """Create the evaluation (keys held as given), run its one session with the executor's job on the local
     backend, and grade it with the grader's job; returns the task's recorded verdict."""
     from executor.jobs import execute_session
-    from executor.settings import ExecutorSettings
     from grader.jobs import grade_and_record
     from services.sandbox.registry import get_backend
 

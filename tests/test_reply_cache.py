@@ -32,7 +32,7 @@ from services.spend import SpendLedger
 from services.store import ArtifactStore
 from services.suite import load_suite
 from services.trajectory import EndReason, Trajectory
-from tests.fixtures import test_secrets
+from tests.fixtures import docker_executor_settings, test_secrets
 from tests.servers import serve
 
 OPENING = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
@@ -177,13 +177,7 @@ def _session(
 def test_a_session_retried_after_its_sandbox_died_pays_only_for_the_turns_that_remain(
     redis_client: Redis, redis_url: str, suite_path: Path, tmp_path: Path, sandbox_network: str, slow_replay: str
 ) -> None:
-    settings = ExecutorSettings(
-        REDIS_URL=redis_url,
-        SUITE_PATH=suite_path,
-        ARTIFACT_ROOT=tmp_path,
-        SANDBOX_NETWORK=sandbox_network,
-        EGRESS_ALLOWLIST="127.0.0.1",
-    )
+    settings = docker_executor_settings(redis_url, suite_path, tmp_path, sandbox_network)
     suite = load_suite(suite_path)
     lifecycle = TaskLifecycle(redis_client, test_secrets())
     for evaluation_id, cached in (("killed", True), ("clean", False)):

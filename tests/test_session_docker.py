@@ -16,7 +16,6 @@ from rq.serializers import JSONSerializer
 from executor.jobs import execute_session
 from executor.messages import INTERPRETER_PREFIX, opening_messages
 from executor.replay.server import create_app
-from executor.settings import ExecutorSettings
 from services.evaluation import Evaluation, ModelEndpoint, Sampling, TaskState
 from services.lifecycle import TaskLifecycle
 from services.queues import GRADING_QUEUE, GradeJob, SessionJob, grade_job_id
@@ -26,7 +25,7 @@ from services.state import StateStore
 from services.store import ArtifactStore
 from services.suite import load_suite
 from services.trajectory import EndReason
-from tests.fixtures import test_secrets
+from tests.fixtures import docker_executor_settings, test_secrets
 from tests.servers import free_port, serve
 
 pytestmark = pytest.mark.docker
@@ -50,13 +49,7 @@ def run_session(
     def run(
         index: int, model_url: str, max_turns: int = 10, api_key: str | None = None, key_held: bool = True
     ) -> tuple[dict[str, object], Evaluation]:
-        settings = ExecutorSettings(
-            REDIS_URL=redis_url,
-            SUITE_PATH=suite_path,
-            ARTIFACT_ROOT=tmp_path,
-            SANDBOX_NETWORK=sandbox_network,
-            EGRESS_ALLOWLIST="127.0.0.1",
-        )
+        settings = docker_executor_settings(redis_url, suite_path, tmp_path, sandbox_network)
         evaluation = Evaluation(
             id=f"sess{index}",
             model=ModelEndpoint(base_url=model_url, model="pybench-replay"),
