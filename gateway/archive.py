@@ -15,9 +15,11 @@ import io
 import tarfile
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
+from gateway.readmodel import output_files
+from services.evaluation import Evaluation
 from services.store import ArtifactStore
+from services.verdict import Results
 
 ARCHIVE_MEDIA_TYPE = "application/gzip"
 
@@ -50,50 +52,40 @@ def _member(name: str, size: int, *, folder: bool = False) -> tarfile.TarInfo:
     return info
 
 
-def _output_entries(base: Path) -> Iterator[tuple[str, Path | None]]:
-    """The attempt's saved files (relative name, path) and empty folders (``name/``, None), in name order."""
-    if not base.is_dir():
-        return
-    for path in sorted(base.rglob("*")):
-        if path.name.startswith(".") or path.is_symlink():
-            continue
-        relative = path.relative_to(base).as_posix()
-        if path.is_file():
-            yield relative, path
-        elif path.is_dir() and not any(path.iterdir()):
-            yield relative + "/", None
-
-
 def stream_archive(
-    store: ArtifactStore, evaluation_id: str, documents: dict[str, bytes], attempts: Iterable[tuple[int, int]]
+    store: ArtifactStore, evaluation: Evaluation, results: Results, attempts: Iterable[tuple[int, int]]
 ) -> Iterator[bytes]:
     """Yield the ``.tar.gz`` of an evaluation in chunks.
 
-    ``documents``: top-level files by name (``evaluation.json``, ``results.json``); ``attempts``: (task, attempt)
-    pairs whose trajectory and saved files go in (a task without a stored trajectory is left out).
+    ``results``: its results document; ``attempts``: (task, attempt) pairs whose trajectory and saved files go in
+    (a task without a stored trajectory is left out).
 
     Raises:
         StoreError: the evaluation id is not a valid one.
+        ArtifactExpiredError: retention removed an attempt's files while the archive was being sent.
     """
-    root = store.evaluation_dir(evaluation_id).name
+    root = store.evaluation_dir(evaluation.id).name
+    documents = {
+        "evaluation.json": evaluation.model_dump_json(indent=1).encode(),
+        "results.json": results.model_dump_json(indent=1).encode(),
+    }
     spool = _Spool()
     with tarfile.open(fileobj=spool, mode="w|gz") as archive:
         for name, data in documents.items():
             archive.addfile(_member(f"{root}/{name}", len(data)), io.BytesIO(data))
             yield spool.take()
         for task, attempt in attempts:
-            folder = store.attempt_dir(evaluation_id, task, attempt)
-            trajectory = folder / "trajectory.json"
+            trajectory = store.trajectory_path(evaluation.id, task, attempt)
             if not trajectory.is_file():
                 continue
             prefix = f"{root}/tasks/{task}"
             archive.add(trajectory, arcname=f"{prefix}/trajectory.json", recursive=False)
             yield spool.take()
-            for relative, path in _output_entries(folder / "output"):
-                if path is None:
-                    archive.addfile(_member(f"{prefix}/output/{relative}", 0, folder=True))
+            for saved in output_files(store, evaluation.id, task, attempt):
+                if saved.path is None:
+                    archive.addfile(_member(f"{prefix}/output/{saved.name}", 0, folder=True))
                     continue
-                with path.open("rb") as handle:
-                    archive.addfile(_member(f"{prefix}/output/{relative}", path.stat().st_size), handle)
+                with saved.path.open("rb") as handle:
+                    archive.addfile(_member(f"{prefix}/output/{saved.name}", saved.path.stat().st_size), handle)
                 yield spool.take()
     yield spool.take()

@@ -1,11 +1,11 @@
 """Live progress as server-sent events, for the REST API (``GET /v1/evaluations/{id}/events``) and the
 dashboard's pages alike, and the limit on how many such streams are open.
 
-The streams are asynchronous: between two looks at Redis a stream only sleeps on the event loop, and each look runs
-briefly in a worker thread. An open stream therefore never holds one of the server's worker threads (the
-synchronous routes of the gateway share them), however many are open. A runs list follows all its running
-evaluations in one stream, so a browser keeps one connection per page (browsers open six at most to a host).
-Events::
+The streams are asynchronous: between two looks at Redis (``gateway.readmodel.look``) a stream only sleeps on the
+event loop, and each look runs briefly in a worker thread. An open stream therefore never holds one of the server's
+worker threads (the synchronous routes of the gateway share them), however many are open. A runs list follows all
+its running evaluations in one stream, so a browser keeps one connection per page (browsers open six at most to a
+host). Events::
 
     progress   {"evaluation_id", "status", "total", "counts", "complete"}   when an evaluation's progress changes
     verdict    the verdict of a task, once per task, attempt and status       (when verdicts are followed)
@@ -21,13 +21,14 @@ import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from functools import partial
 
 import anyio
+from fastapi.responses import StreamingResponse
 
+from gateway import readmodel
 from gateway.problems import Problem
 from services.state import StateStore
-from services.verdict import Verdict
 
 DEFAULT_POLL_S = 0.5
 """How often Redis is read for changes."""
@@ -40,31 +41,6 @@ DEFAULT_MAX_STREAM_S = 3600.0
 
 MAX_FOLLOWED = 50
 """Evaluations one runs-list stream follows at most."""
-
-
-@dataclass
-class _Look:
-    """What one poll saw of the evaluations followed."""
-
-    progress: dict[str, str] = field(default_factory=dict)
-    """Each evaluation's progress event data (JSON text)."""
-    complete: dict[str, bool] = field(default_factory=dict)
-    status: dict[str, str] = field(default_factory=dict)
-    verdicts: list[Verdict] = field(default_factory=list)
-
-
-def _look(state: StateStore, evaluation_ids: list[str], with_verdicts: bool) -> _Look:
-    look = _Look()
-    for evaluation_id in evaluation_ids:
-        progress = state.progress(evaluation_id)
-        status = state.status(progress, evaluation_id).value
-        data = {"evaluation_id": evaluation_id, "status": status, **progress.model_dump(mode="json")}
-        look.progress[evaluation_id] = json.dumps(data, sort_keys=True)
-        look.complete[evaluation_id] = progress.complete
-        look.status[evaluation_id] = status
-        if with_verdicts:
-            look.verdicts.extend(state.verdicts(evaluation_id))
-    return look
 
 
 def _event(name: str, data: str) -> str:
@@ -90,7 +66,7 @@ async def follow(
     sent_verdicts: set[tuple[int, int, str]] = set()
     began = last_beat = time.monotonic()
     while time.monotonic() - began < max_stream_s:
-        look = await anyio.to_thread.run_sync(_look, state, evaluation_ids, verdicts)
+        look = await anyio.to_thread.run_sync(partial(readmodel.look, state, evaluation_ids, with_verdicts=verdicts))
         for evaluation_id, data in look.progress.items():
             if sent_progress.get(evaluation_id) != data:
                 sent_progress[evaluation_id] = data
@@ -163,3 +139,19 @@ class OpenStreams:
                 self._open[key_id] -= 1
                 if self._open[key_id] <= 0:
                     del self._open[key_id]
+
+
+def event_response(
+    streams: OpenStreams, key_id: str, state: StateStore, evaluation_ids: list[str], *, verdicts: bool
+) -> StreamingResponse:
+    """The response of an event stream of ``evaluation_ids`` (their access already checked), counted among
+    ``key_id``'s open streams: the REST API's and the dashboard's streams alike.
+
+    Raises:
+        Problem: 429 when the key, or the gateway, has as many streams open as allowed.
+    """
+    return StreamingResponse(
+        streams.open(key_id, follow(state, evaluation_ids, verdicts=verdicts)),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )

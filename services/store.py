@@ -237,6 +237,39 @@ class ArtifactStore:
     def has_trajectory(self, evaluation_id: str, task_index: int, attempt: int) -> bool:
         return (self.attempt_dir(evaluation_id, task_index, attempt) / "trajectory.json").is_file()
 
+    def trajectory_path(self, evaluation_id: str, task_index: int, attempt: int) -> Path:
+        """Where the attempt's trajectory is stored (or would be): for a reader that copies the file as it is, or
+        keys a cache on its size and modification time.
+
+        Raises:
+            StoreError: the evaluation id is not a valid one.
+        """
+        return self.attempt_dir(evaluation_id, task_index, attempt) / "trajectory.json"
+
+    def output_file(self, evaluation_id: str, task_index: int, attempt: int, name: str) -> Path | None:
+        """The stored file the attempt produced under ``name`` (as ``list_output_files`` names it, ``./output/``
+        optional), or None when there is none or the name leaves the attempt's output folder.
+
+        Raises:
+            StoreError: the evaluation id is not a valid one.
+        """
+        base = self.output_dir(evaluation_id, task_index, attempt).resolve()
+        path = (base / name.removeprefix("./").removeprefix("output/")).resolve()
+        if not path.is_relative_to(base) or not path.is_file():
+            return None
+        return path
+
+    def get_verdict(self, evaluation_id: str, task_index: int, attempt: int) -> Verdict | None:
+        """The attempt's stored verdict (of its latest grading), or None when it has none.
+
+        Raises:
+            StoreError: the evaluation id is not a valid one, or the file cannot be read.
+        """
+        try:
+            return self._read(self.attempt_dir(evaluation_id, task_index, attempt) / "verdict.json", Verdict)
+        except ArtifactNotFoundError:
+            return None
+
     def put_results(self, results: Results) -> None:
         self._write(
             self.evaluation_dir(results.evaluation_id) / "results.json", results.model_dump_json(indent=1).encode()

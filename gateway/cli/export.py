@@ -18,11 +18,11 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from gateway.client import GatewayClient
+from gateway.notebook import build_notebook
 from services.pybench import task_query
 from services.trajectory import Trajectory
 
 from .errors import CommandError, UsageError
-from .notebook import build_notebook
 
 
 @dataclass

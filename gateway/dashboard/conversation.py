@@ -1,14 +1,14 @@
 """A trajectory as the task page shows it: the messages in order, each assistant reply with its turn (prose, the
 code highlighted, and the cell's output, charts, telemetry and errors), pairing replies and turns the way the
-notebook export does (``gateway.cli.notebook``)."""
+notebook export does (``gateway.notebook``)."""
 
 import re
 from dataclasses import dataclass, field
 
 from markupsafe import Markup
 
-from gateway.cli.notebook import split_reply
 from gateway.dashboard.highlight import highlight_python
+from gateway.notebook import split_reply
 from services.pybench import DATA_MESSAGE_PREFIX, interpreter_output, is_interpreter_message
 from services.trajectory import Execution, Trajectory, Turn
 

@@ -1,6 +1,6 @@
-"""Files a page shows or offers: a session's produced files (under its attempt's ``output/``) and a task's inputs
-and reference files (in the suite), found with the REST API's path rule, and answered so that a hostile file can
-do nothing in the dashboard's origin.
+"""Files a page shows or offers: a session's produced files (found through ``gateway.readmodel``, with the REST
+API's path rule) and a task's inputs and reference files (in the suite), answered so that a hostile file can do
+nothing in the dashboard's origin.
 
 Produced files are model output. They are answered with a media type chosen here from the name (never sniffed),
 ``X-Content-Type-Options: nosniff`` and a ``sandbox`` Content-Security-Policy (an SVG or HTML file opened directly
@@ -12,7 +12,6 @@ from pathlib import Path, PurePosixPath
 from fastapi.responses import FileResponse
 
 from services.errors import SuiteError
-from services.store import ArtifactStore
 from services.suite import Suite
 from services.task import Task
 
@@ -53,20 +52,6 @@ def kind(name: str) -> str:
     if suffix in TEXT_SUFFIXES:
         return "text"
     return "other"
-
-
-def output_path(store: ArtifactStore, evaluation_id: str, task_index: int, attempt: int, name: str) -> Path | None:
-    """The stored file a session produced under ``name`` (as listed, ``./output/`` optional), or None when there is
-    none or the name leaves the attempt's output folder (the REST API's download rule).
-
-    Raises:
-        StoreError: the evaluation id is not a valid one.
-    """
-    base = store.output_dir(evaluation_id, task_index, attempt).resolve()
-    path = (base / name.removeprefix("./").removeprefix("output/")).resolve()
-    if not path.is_relative_to(base) or not path.is_file():
-        return None
-    return path
 
 
 def reference_names(task: Task) -> list[str]:

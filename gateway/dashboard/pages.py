@@ -13,6 +13,7 @@ from urllib.parse import urlencode, urlsplit
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response, StreamingResponse
 
+from gateway import readmodel
 from gateway import streams as live
 from gateway.dashboard import views
 from gateway.dashboard.access import (
@@ -31,14 +32,15 @@ from gateway.dashboard.access import (
     read_form,
     visible_evaluation,
 )
-from gateway.dashboard.files import file_response, output_path, suite_path
+from gateway.dashboard.files import file_response, suite_path
 from gateway.dashboard.highlight import stylesheet
 from gateway.dashboard.rendering import BASE, render
 from gateway.deps import LifecycleDep, StateDep, StoreDep, StreamsDep, SuiteDep
+from gateway.notebook import build_notebook
 from gateway.routers.leaderboard import get_leaderboard
-from services.errors import ArtifactExpiredError, ArtifactNotFoundError
-from services.evaluation import EvaluationStatus
-from services.store import ArtifactStore
+from services.errors import ArtifactExpiredError, ArtifactNotFoundError, TaskNotFoundError
+from services.evaluation import Evaluation, EvaluationStatus
+from services.state import StateStore
 from services.verdict import VerdictStatus
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -173,28 +175,13 @@ def evaluation(
     return render(request, "evaluation.html", context)
 
 
-def _event_stream(
-    state: StateDep, streams: StreamsDep, key_id: str, evaluation_ids: list[str], *, verdicts: bool
-) -> StreamingResponse:
-    """The events of ``evaluation_ids``, counted among ``key_id``'s open streams.
-
-    Raises:
-        Problem: 429 when the key, or the gateway, has as many streams open as allowed.
-    """
-    return StreamingResponse(
-        streams.open(key_id, live.follow(state, evaluation_ids, verdicts=verdicts)),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
-
-
 @router.get("/evaluations/{evaluation_id}/events")
 def evaluation_events(
     evaluation_id: str, session: ResourceSession, state: StateDep, streams: StreamsDep
 ) -> StreamingResponse:
     """The evaluation's live progress and verdicts for the page's script (``gateway.streams``)."""
     found = visible_evaluation(state, session, evaluation_id)
-    return _event_stream(state, streams, session.key.id, [found.id], verdicts=True)
+    return live.event_response(streams, session.key.id, state, [found.id], verdicts=True)
 
 
 @router.get("/runs/events")
@@ -209,7 +196,7 @@ def runs_events(
     if not chosen:
         raise PageError(422, "Nothing to follow", "Name the evaluations to follow: ?ids=<id>&ids=<id>.")
     found = [visible_evaluation(state, session, evaluation_id).id for evaluation_id in chosen]
-    return _event_stream(state, streams, session.key.id, found, verdicts=False)
+    return live.event_response(streams, session.key.id, state, found, verdicts=False)
 
 
 async def _owned_for_change(request: Request, session: PageSession, state: StateDep, evaluation_id: str) -> str:
@@ -242,7 +229,7 @@ async def retry(
     if state.cancelled(found):
         raise PageError(409, "Evaluation cancelled", "A cancelled evaluation is not run again; submit a new one.")
     for verdict in state.verdicts(found):
-        if verdict.status in views.RETRYABLE:
+        if verdict.status in readmodel.RETRYABLE:
             lifecycle.retry(found, verdict.task_index)
     return RedirectResponse(f"{BASE}/evaluations/{found}", status_code=303)
 
@@ -267,17 +254,21 @@ def task(
         page = views.task_page(state, store, suite, found, task_index, attempt, _task_url(found.id, task_index))
     except ArtifactExpiredError as exc:
         raise PageError(410, "Artifacts expired", str(exc)) from None
-    except ArtifactNotFoundError:
+    except TaskNotFoundError:
         raise PageError(404, "Task not found", f"Evaluation {found.id} has no task {task_index}.") from None
     return render(request, "task.html", {"page": page, "task_url": _task_url(found.id, task_index)})
 
 
-def _check_kept(store: ArtifactStore, evaluation_id: str, task_index: int, attempt: int) -> None:
-    """Raises: PageError: 410 when retention removed the attempt's files (``ArtifactStore.check_kept``)."""
+def _chosen_attempt(state: StateStore, evaluation: Evaluation, task_index: int, attempt: int | None) -> int:
+    """The attempt asked for, else the task's latest (``readmodel.chosen_attempt``).
+
+    Raises:
+        PageError: 404 when the evaluation has no such task.
+    """
     try:
-        store.check_kept(evaluation_id, [(task_index, attempt)])
-    except ArtifactExpiredError as exc:
-        raise PageError(410, "Artifacts expired", str(exc)) from None
+        return readmodel.chosen_attempt(state, evaluation, task_index, attempt)
+    except TaskNotFoundError:
+        raise PageError(404, "Task not found", f"Evaluation {evaluation.id} has no task {task_index}.") from None
 
 
 @router.get("/evaluations/{evaluation_id}/tasks/{task_index}/files/{name:path}")
@@ -292,10 +283,12 @@ def task_file(
     download: bool = False,
 ) -> FileResponse:
     found = visible_evaluation(state, session, evaluation_id)
-    chosen = attempt or state.task_attempt(found.id, task_index)
-    path = output_path(store, found.id, task_index, chosen, name) if task_index in found.tasks else None
+    chosen = _chosen_attempt(state, found, task_index, attempt)
+    try:
+        path = readmodel.output_file(store, found.id, task_index, chosen, name)
+    except ArtifactExpiredError as exc:
+        raise PageError(410, "Artifacts expired", str(exc)) from None
     if path is None:
-        _check_kept(store, found.id, task_index, chosen)
         raise PageError(404, "File not found", f"Task {task_index} saved no file {name!r} in attempt {chosen}.")
     return file_response(path, download=download)
 
@@ -328,12 +321,10 @@ def notebook(
     suite: SuiteDep,
     attempt: Annotated[int | None, Query(ge=1, le=100)] = None,
 ) -> Response:
-    from gateway.cli.notebook import build_notebook
-
     found = visible_evaluation(state, session, evaluation_id)
-    chosen = attempt or state.task_attempt(found.id, task_index)
+    chosen = _chosen_attempt(state, found, task_index, attempt)
     try:
-        trajectory = store.get_trajectory(found.id, task_index, chosen) if task_index in found.tasks else None
+        trajectory = store.get_trajectory(found.id, task_index, chosen)
     except ArtifactExpiredError as exc:
         raise PageError(410, "Artifacts expired", str(exc)) from None
     except ArtifactNotFoundError:

@@ -64,7 +64,7 @@ class SummaryCache:
         Raises:
             StoreError: the evaluation id is not a valid one.
         """
-        path = store.attempt_dir(evaluation_id, task_index, attempt) / "trajectory.json"
+        path = store.trajectory_path(evaluation_id, task_index, attempt)
         try:
             stat = path.stat()
         except OSError:

@@ -11,24 +11,21 @@ from urllib.parse import quote
 
 from markupsafe import Markup
 
+from gateway import readmodel
 from gateway.dashboard.charts import Interval, Series, grouped_bars
 from gateway.dashboard.conversation import Block, conversation
-from gateway.dashboard.files import kind, output_path, reference_names, suite_path
+from gateway.dashboard.files import kind, reference_names, suite_path
 from gateway.dashboard.previews import Preview, preview
 from gateway.dashboard.summaries import CACHE, TaskSummary
 from services.comparison import paired
 from services.errors import ArtifactNotFoundError, StoreError
 from services.evaluation import Evaluation, EvaluationStatus, Progress
-from services.metrics import build_results
 from services.state import EvaluationNotFoundError, StateStore
 from services.store import ArtifactStore
 from services.suite import Suite
 from services.task import PAPER_CATEGORIES
 from services.trajectory import Trajectory
 from services.verdict import Metrics, Results, Verdict, VerdictStatus
-
-RETRYABLE = (VerdictStatus.FAILED, VerdictStatus.INFRA_ERROR, VerdictStatus.UNGRADABLE)
-"""Verdicts the retry button runs again (the REST API's rule)."""
 
 
 @dataclass
@@ -64,14 +61,13 @@ def run_rows(
             continue
         if model and model.lower() not in evaluation.model.model.lower():
             continue
-        progress = state.progress(evaluation_id)
-        current = state.status(progress, evaluation_id)
-        if status and current.value != status:
+        shown = readmodel.view(state, evaluation)
+        if status and shown.status.value != status:
             continue
         verdicts = state.verdicts(evaluation_id)
         passed = sum(1 for v in verdicts if v.status is VerdictStatus.PASSED)
         rate = passed / len(evaluation.tasks) if verdicts and evaluation.tasks else None
-        rows.append(RunRow(evaluation, current, progress, progress.finished, rate))
+        rows.append(RunRow(evaluation, shown.status, shown.progress, shown.progress.finished, rate))
     return rows
 
 
@@ -173,15 +169,13 @@ def evaluation_page(
     state: StateStore, store: ArtifactStore, suite: Suite, evaluation: Evaluation, filters: dict[str, str]
 ) -> EvaluationPage:
     """Everything the evaluation page shows; ``filters``: ``category``, ``verdict``, ``end_reason`` (empty: all)."""
-    progress = state.progress(evaluation.id)
-    verdicts = state.verdicts(evaluation.id)
-    results = build_results(evaluation.id, verdicts, state.complete(evaluation.id), evaluation.prices)
+    shown = readmodel.view(state, evaluation)
+    results = readmodel.results(state, evaluation)
+    verdicts = results.verdicts
     by_task = {v.task_index: v for v in verdicts}
     states = state.task_states(evaluation.id)
     rows = []
-    attempts = state.task_attempts(evaluation.id, evaluation.tasks)
-    for index in evaluation.tasks:
-        attempt = attempts[index]
+    for index, attempt in readmodel.latest_attempts(state, evaluation):
         category = suite.tasks[index].paper_category if index in suite.tasks else ""
         verdict = by_task.get(index)
         summary = CACHE.get(store, evaluation.id, index, verdict.attempt if verdict else attempt)
@@ -205,9 +199,9 @@ def evaluation_page(
     ]
     return EvaluationPage(
         evaluation=evaluation,
-        status=state.status(progress, evaluation.id),
-        progress=progress,
-        done=progress.finished,
+        status=shown.status,
+        progress=shown.progress,
+        done=shown.progress.finished,
         results=results,
         chart=rate_chart(results.metrics, results.statistics, f"Pass rates of {evaluation.model.model}"),
         rows=kept,
@@ -215,7 +209,7 @@ def evaluation_page(
         categories=sorted({row.category for row in rows if row.category}),
         end_reasons=sorted({row.end_reason for row in rows if row.end_reason}),
         totals=totals,
-        can_retry=any(v.status in RETRYABLE for v in verdicts) and not state.cancelled(evaluation.id),
+        can_retry=any(v.status in readmodel.RETRYABLE for v in verdicts) and not state.cancelled(evaluation.id),
         filters=filters,
     )
 
@@ -266,27 +260,20 @@ def task_page(
     files' links start with it.
 
     Raises:
-        ArtifactNotFoundError: the evaluation has no such task.
+        TaskNotFoundError: the evaluation has no such task.
+        ArtifactExpiredError: retention removed the attempt's files.
     """
-    if task_index not in evaluation.tasks:
-        raise ArtifactNotFoundError(f"evaluation {evaluation.id} has no task {task_index}")
-    latest = state.task_attempt(evaluation.id, task_index)
+    latest = readmodel.latest_attempt(state, evaluation, task_index)
     chosen = attempt if attempt is not None and 1 <= attempt <= latest else latest
     try:
         trajectory: Trajectory | None = store.get_trajectory(evaluation.id, task_index, chosen)
     except (ArtifactNotFoundError, StoreError):
         trajectory = None
-    verdicts = {v.task_index: v for v in state.verdicts(evaluation.id)}
-    verdict = verdicts.get(task_index)
-    if verdict is not None and verdict.attempt != chosen:
-        stored = store.attempt_dir(evaluation.id, task_index, chosen) / "verdict.json"
-        verdict = Verdict.model_validate_json(stored.read_bytes()) if stored.is_file() else None
-    files = []
-    for name in store.list_output_files(evaluation.id, task_index, chosen):
-        relative = name.removeprefix("./output/")
-        path = None if name.endswith("/") else output_path(store, evaluation.id, task_index, chosen, name)
-        url = f"{base_url}/files/{quote(relative)}?attempt={chosen}"  # a produced name may hold '#', '?' or '%'
-        files.append(_shown(relative, path, url, "output"))
+    verdict = readmodel.attempt_verdict(state, store, evaluation.id, task_index, chosen)
+    files = [
+        _shown(saved.name, saved.path, f"{base_url}/files/{quote(saved.name)}?attempt={chosen}", "output")
+        for saved in readmodel.output_files(store, evaluation.id, task_index, chosen)
+    ]  # quoted: a produced name may hold '#', '?' or '%'
     task = suite.tasks.get(task_index)
     suite_files = []
     if task is not None:
@@ -340,11 +327,8 @@ class ComparePage:
 
 def compare_page(state: StateStore, suite: Suite, evaluations: list[Evaluation]) -> ComparePage:
     """Two or more evaluations side by side, task by task, over the union of their tasks."""
-    verdicts = [{v.task_index: v for v in state.verdicts(e.id)} for e in evaluations]
-    results = [
-        build_results(e.id, list(found.values()), state.complete(e.id), e.prices)
-        for e, found in zip(evaluations, verdicts, strict=True)
-    ]
+    results = [readmodel.results(state, e) for e in evaluations]
+    verdicts = [{v.task_index: v for v in r.verdicts} for r in results]
     metrics = [r.metrics for r in results]
     tasks = sorted({index for e in evaluations for index in e.tasks})
     rows = [

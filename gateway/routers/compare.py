@@ -4,14 +4,15 @@
 mean per-task difference B minus A with its standard error and 95% interval, and a p-value from a paired test
 (exact McNemar for one epoch each, a sign-flip permutation test otherwise), overall and per category
 (``services.comparison``, ``services.estimates``; docs/protocol.md states them). Only runs with the same
-``comparable_key`` are compared (the same suite content, tasks, prompt, mode and turn limit), and only once both
-have completed.
+``comparable_key`` are compared (the same suite content, tasks, prompt, mode and turn limit, and verdicts graded with
+the same checks), and only once both have completed.
 """
 
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
+from gateway import readmodel
 from gateway.auth import Caller
 from gateway.deps import StateDep
 from gateway.problems import Problem
@@ -42,9 +43,7 @@ def compare_evaluations(
     if a == b:
         raise Problem(409, "Same evaluation", "compare two different evaluations: a and b are the same")
     first, second = owned(state, caller, a), owned(state, caller, b)
-    unfinished = [
-        e.id for e in (first, second) if state.status(state.progress(e.id), e.id) is not EvaluationStatus.COMPLETED
-    ]
+    unfinished = [e.id for e in (first, second) if readmodel.status(state, e.id) is not EvaluationStatus.COMPLETED]
     if unfinished:
         raise Problem(
             409, "Not completed", f"compare completed evaluations; {', '.join(unfinished)} has not completed yet"
@@ -54,8 +53,8 @@ def compare_evaluations(
         raise Problem(
             409,
             "Not comparable",
-            f"{a} and {b} did not run the same suite content, tasks, prompt, mode and turn limit "
-            f"(comparable keys {keys[0]} and {keys[1]}); compare runs of one leaderboard group",
+            f"{a} and {b} did not run the same suite content, tasks, prompt, mode and turn limit, or were graded "
+            f"with different checks (comparable keys {keys[0]} and {keys[1]}); compare runs of one leaderboard group",
         )
     return {
         "a": a,

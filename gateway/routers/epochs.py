@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from gateway import readmodel
 from gateway.auth import Caller
 from gateway.deps import StateDep
 from gateway.routers.evaluations import owned
@@ -26,7 +27,7 @@ def get_epochs(evaluation_id: str, caller: Caller, state: StateDep) -> dict[str,
     """
     evaluation = owned(state, caller, evaluation_id)
     members = [state.get(member) for member in state.run_members(evaluation)]
-    statuses = [state.status(state.progress(member.id), member.id) for member in members]
+    statuses = [readmodel.status(state, member.id) for member in members]
     return {
         "run_id": evaluation.run_id or evaluation.id,
         "epochs": [

@@ -1,15 +1,15 @@
 """Evaluations: submit one, follow its progress, read its verdicts, metrics and trajectories."""
 
 import uuid
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import anyio
-from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi import APIRouter, Depends, Header, Query, Request, Response, status
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, Field, SecretStr
 from redis import Redis
 
-from gateway import idempotency, limits
+from gateway import idempotency, limits, readmodel
 from gateway.archive import ARCHIVE_MEDIA_TYPE, stream_archive
 from gateway.auth import Caller
 from gateway.deps import LifecycleDep, RedisDep, SettingsDep, StateDep, StoreDep, StreamsDep, SuiteDep
@@ -17,11 +17,11 @@ from gateway.egress import check_endpoints
 from gateway.preflight import preflight
 from gateway.problems import Problem
 from gateway.settings import GatewaySettings
-from gateway.streams import follow
+from gateway.streams import event_response
 from services.apikeys import ApiKey
 from services.components import advertised
 from services.epochs import epoch_concurrency, epoch_sampling
-from services.errors import ArtifactNotFoundError, TaskNotFoundError
+from services.errors import ArtifactNotFoundError
 from services.evaluation import (
     Evaluation,
     EvaluationCreate,
@@ -31,7 +31,6 @@ from services.evaluation import (
     TaskState,
 )
 from services.manifest import build_manifest
-from services.metrics import build_results
 from services.netguard import EgressPolicy
 from services.retention import MIB, storage_used
 from services.secretbox import SecretsKeyMissingError
@@ -39,7 +38,7 @@ from services.state import EvaluationNotFoundError, StateStore
 from services.store import ArtifactStore
 from services.suite import Suite
 from services.trajectory import Trajectory
-from services.verdict import Results, Verdict, VerdictStatus
+from services.verdict import Results, Verdict
 
 router = APIRouter(prefix="/v1/evaluations", tags=["evaluations"])
 
@@ -149,7 +148,7 @@ def create_evaluation(
     claim = idempotency.claim(redis, caller.id, idempotency_key, body, settings.IDEMPOTENCY_TTL_S)
     if claim.existing is not None:
         response.status_code = status.HTTP_200_OK
-        return _view(state, state.get(claim.existing))
+        return readmodel.view(state, state.get(claim.existing))
     try:
         _check_storage_quota(redis, store, caller.id, settings)
         if body.preflight and settings.PREFLIGHT:
@@ -180,6 +179,7 @@ def create_evaluation(
                 max_concurrency=epoch_concurrency(body.max_concurrency, body.epochs),
                 prices=body.prices,
                 budgets=body.budgets,
+                reply_cache=body.reply_cache,
                 manifest=manifest,
                 run_id=run_id,
                 epoch=epoch,
@@ -201,12 +201,7 @@ def create_evaluation(
     idempotency.confirm(redis, claim, settings.IDEMPOTENCY_TTL_S)
     for evaluation in epochs:
         lifecycle.queue_sessions(evaluation)
-    return _view(state, epochs[0])
-
-
-def _view(state: StateStore, evaluation: Evaluation) -> EvaluationView:
-    progress = state.progress(evaluation.id)
-    return EvaluationView(evaluation=evaluation, status=state.status(progress, evaluation.id), progress=progress)
+    return readmodel.view(state, epochs[0])
 
 
 def owned(state: StateStore, caller: ApiKey, evaluation_id: str) -> Evaluation:
@@ -239,7 +234,7 @@ def list_evaluations(
             return EvaluationPage(items=items)
         for evaluation_id, score in batch:
             before = score
-            view = _view(state, state.get(evaluation_id))
+            view = readmodel.view(state, state.get(evaluation_id))
             if (model is None or view.evaluation.model.model == model) and (
                 status_filter is None or view.status is status_filter
             ):
@@ -251,7 +246,7 @@ def list_evaluations(
 
 @router.get("/{evaluation_id}", operation_id="get_evaluation", summary="Status and progress of an evaluation")
 def get_evaluation(evaluation_id: str, caller: Caller, state: StateDep) -> EvaluationView:
-    return _view(state, owned(state, caller, evaluation_id))
+    return readmodel.view(state, owned(state, caller, evaluation_id))
 
 
 @router.post("/{evaluation_id}/cancel", operation_id="cancel_evaluation", summary="Cancel an evaluation")
@@ -260,7 +255,7 @@ def cancel_evaluation(evaluation_id: str, caller: Caller, state: StateDep, lifec
     trajectory so far is kept, ungraded); sessions that already finished are graded."""
     evaluation = owned(state, caller, evaluation_id)
     lifecycle.cancel(evaluation.id)
-    return _view(state, evaluation)
+    return readmodel.view(state, evaluation)
 
 
 class RetryRequest(BaseModel):
@@ -284,9 +279,8 @@ def retry_tasks(
     evaluation = owned(state, caller, evaluation_id)
     if state.cancelled(evaluation.id):
         raise Problem(409, "Evaluation cancelled", "a cancelled evaluation is not run again; submit a new one")
-    retryable = (VerdictStatus.FAILED, VerdictStatus.INFRA_ERROR, VerdictStatus.UNGRADABLE)
     verdicts = {v.task_index: v for v in state.verdicts(evaluation.id)}
-    failed = sorted(i for i, v in verdicts.items() if v.status in retryable)
+    failed = sorted(i for i, v in verdicts.items() if v.status in readmodel.RETRYABLE)
     wanted = failed if body is None or body.tasks is None else body.tasks
     refused = sorted(set(wanted) - set(failed))
     if refused:
@@ -308,7 +302,7 @@ def retry_tasks(
         _hold_keys(state, evaluation.id, keys)
     for index in wanted:
         lifecycle.retry(evaluation.id, index)
-    return _view(state, evaluation)
+    return readmodel.view(state, evaluation)
 
 
 class KeysUpdate(BaseModel):
@@ -339,7 +333,7 @@ def put_keys(evaluation_id: str, body: KeysUpdate, caller: Caller, state: StateD
             "--model-key-env VAR) to run failed tasks again",
         )
     _hold_keys(state, evaluation.id, body)
-    return _view(state, evaluation)
+    return readmodel.view(state, evaluation)
 
 
 def _check_keys(evaluation: Evaluation, keys: KeysUpdate) -> None:
@@ -360,8 +354,7 @@ def _hold_keys(state: StateStore, evaluation_id: str, keys: KeysUpdate) -> None:
 
 @router.get("/{evaluation_id}/results", operation_id="get_results", summary="Per-task verdicts and the metrics so far")
 def get_results(evaluation_id: str, caller: Caller, state: StateDep) -> Results:
-    evaluation = owned(state, caller, evaluation_id)
-    return build_results(evaluation.id, state.verdicts(evaluation.id), state.complete(evaluation.id), evaluation.prices)
+    return readmodel.results(state, owned(state, caller, evaluation_id))
 
 
 @router.get("/{evaluation_id}/tasks", operation_id="list_evaluation_tasks", summary="Every task's state")
@@ -374,18 +367,32 @@ def list_tasks(evaluation_id: str, caller: Caller, state: StateDep) -> list[Task
     ]
 
 
-def _attempt(state: StateStore, evaluation: Evaluation, task_index: int, attempt: int | None) -> int:
-    """The attempt asked for, else the task's latest.
+class TaskAttempt(NamedTuple):
+    """One attempt of a task, as a request names it."""
+
+    evaluation_id: str
+    task_index: int
+    attempt: int
+
+
+def chosen_task_attempt(
+    evaluation_id: str,
+    task_index: int,
+    caller: Caller,
+    state: StateDep,
+    attempt: Annotated[int | None, Query(ge=1, le=100, description="the task's latest attempt when omitted")] = None,
+) -> TaskAttempt:
+    """The attempt a request names (the task's latest when it names none), of an evaluation the caller may see.
 
     Raises:
+        EvaluationNotFoundError: the caller may see no such evaluation.
         TaskNotFoundError: the evaluation has no such task.
     """
-    if task_index not in evaluation.tasks:
-        raise TaskNotFoundError(f"evaluation {evaluation.id} has no task {task_index}; its tasks: {evaluation.tasks}")
-    return attempt if attempt is not None else state.task_attempt(evaluation.id, task_index)
+    evaluation = owned(state, caller, evaluation_id)
+    return TaskAttempt(evaluation.id, task_index, readmodel.chosen_attempt(state, evaluation, task_index, attempt))
 
 
-AttemptQuery = Annotated[int | None, Query(ge=1, le=100, description="the task's latest attempt when omitted")]
+TaskAttemptDep = Annotated[TaskAttempt, Depends(chosen_task_attempt)]
 
 
 @router.get(
@@ -393,11 +400,8 @@ AttemptQuery = Annotated[int | None, Query(ge=1, le=100, description="the task's
     operation_id="get_trajectory",
     summary="The trajectory of a task's session (messages in PyBench's shapes, turns, sandbox)",
 )
-def get_trajectory(
-    evaluation_id: str, task_index: int, caller: Caller, state: StateDep, store: StoreDep, attempt: AttemptQuery = None
-) -> Trajectory:
-    evaluation = owned(state, caller, evaluation_id)
-    return store.get_trajectory(evaluation_id, task_index, _attempt(state, evaluation, task_index, attempt))
+def get_trajectory(chosen: TaskAttemptDep, store: StoreDep) -> Trajectory:
+    return store.get_trajectory(*chosen)
 
 
 @router.get(
@@ -405,11 +409,8 @@ def get_trajectory(
     operation_id="list_task_files",
     summary="The files a task's session saved under ./output",
 )
-def list_task_files(
-    evaluation_id: str, task_index: int, caller: Caller, state: StateDep, store: StoreDep, attempt: AttemptQuery = None
-) -> list[str]:
-    evaluation = owned(state, caller, evaluation_id)
-    return store.list_output_files(evaluation_id, task_index, _attempt(state, evaluation, task_index, attempt))
+def list_task_files(chosen: TaskAttemptDep, store: StoreDep) -> list[str]:
+    return store.list_output_files(*chosen)
 
 
 @router.get(
@@ -418,23 +419,11 @@ def list_task_files(
     summary="Download one file a task's session saved (name as listed, without ./output/)",
     response_class=FileResponse,
 )
-def download_task_file(
-    evaluation_id: str,
-    task_index: int,
-    name: str,
-    caller: Caller,
-    state: StateDep,
-    store: StoreDep,
-    attempt: AttemptQuery = None,
-) -> FileResponse:
-    evaluation = owned(state, caller, evaluation_id)
-    chosen = _attempt(state, evaluation, task_index, attempt)
-    base = store.output_dir(evaluation_id, task_index, chosen).resolve()
-    path = (base / name.removeprefix("./").removeprefix("output/")).resolve()
-    if not path.is_relative_to(base) or not path.is_file():
-        store.check_kept(evaluation_id, [(task_index, chosen)])  # 410 when retention removed it
+def download_task_file(name: str, chosen: TaskAttemptDep, store: StoreDep) -> FileResponse:
+    path = readmodel.output_file(store, *chosen, name)  # 410 when retention removed it
+    if path is None:
         raise ArtifactNotFoundError(
-            f"task {task_index} saved no file {name!r}; list them with GET .../tasks/{task_index}/files"
+            f"task {chosen.task_index} saved no file {name!r}; list them with GET .../tasks/{chosen.task_index}/files"
         )
     return FileResponse(path, media_type="application/octet-stream", filename=path.name)
 
@@ -448,17 +437,10 @@ def download_task_file(
 )
 def download_archive(evaluation_id: str, caller: Caller, state: StateDep, store: StoreDep) -> StreamingResponse:
     evaluation = owned(state, caller, evaluation_id)
-    results = build_results(
-        evaluation.id, state.verdicts(evaluation.id), state.complete(evaluation.id), evaluation.prices
-    )
-    documents = {
-        "evaluation.json": evaluation.model_dump_json(indent=1).encode(),
-        "results.json": results.model_dump_json(indent=1).encode(),
-    }
-    attempts = list(state.task_attempts(evaluation.id, evaluation.tasks).items())
+    attempts = readmodel.latest_attempts(state, evaluation)
     store.check_kept(evaluation.id, attempts)  # 410 before streaming: an archive without the removed files would lie
     return StreamingResponse(
-        stream_archive(store, evaluation.id, documents, attempts),
+        stream_archive(store, evaluation, readmodel.results(state, evaluation), attempts),
         media_type=ARCHIVE_MEDIA_TYPE,
         headers={"Content-Disposition": f'attachment; filename="{evaluation.id}.tar.gz"'},
     )
@@ -472,7 +454,4 @@ def download_archive(evaluation_id: str, caller: Caller, state: StateDep, store:
 )
 async def stream_events(evaluation_id: str, caller: Caller, state: StateDep, streams: StreamsDep) -> StreamingResponse:
     evaluation = await anyio.to_thread.run_sync(owned, state, caller, evaluation_id)
-    events = streams.open(caller.id, follow(state, [evaluation.id], verdicts=True))
-    return StreamingResponse(
-        events, media_type="text/event-stream", headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-    )
+    return event_response(streams, caller.id, state, [evaluation.id], verdicts=True)

@@ -1,10 +1,11 @@
 """The leaderboard: completed evaluations ranked only against comparable ones.
 
 Two runs are comparable when their manifests share a ``comparable_key``: the same suite content, the same tasks,
-system prompt, mode and turn limit (``services.manifest``). Each group is ranked on its own, per model its best
-and latest run, with per-category pass rates, tokens and cost; groups come in order of their task count, largest
-first, so a three-task run never outranks a full one. Evaluations stored before manifests were recorded form a
-group per suite and task count of their own.
+system prompt, mode and turn limit, and current verdicts graded with the same checks (``services.manifest``; a
+regrade with other checks moves a run to another group once it completes). Each group is ranked on its own, per
+model its best and latest run, with per-category pass rates, tokens and cost; groups come in order of their task
+count, largest first, so a three-task run never outranks a full one. Evaluations stored before manifests were
+recorded form a group per suite and task count of their own.
 """
 
 from datetime import datetime
@@ -12,6 +13,7 @@ from datetime import datetime
 from fastapi import APIRouter
 from pydantic import BaseModel
 
+from gateway import readmodel
 from gateway.auth import Caller
 from gateway.deps import StateDep
 from services.comparison import Outcomes, outcomes
@@ -84,8 +86,7 @@ def get_leaderboard(caller: Caller, state: StateDep) -> list[LeaderboardRow]:
     outcomes_of: dict[str, Outcomes] = {}
     owner = None if caller.admin else caller.id
     for evaluation_id, _ in state.evaluation_ids(owner, limit=MAX_EVALUATIONS):
-        progress = state.progress(evaluation_id)
-        if state.status(progress, evaluation_id) is not EvaluationStatus.COMPLETED:
+        if readmodel.status(state, evaluation_id) is not EvaluationStatus.COMPLETED:
             continue
         evaluation = state.get(evaluation_id)
         verdicts = state.verdicts(evaluation_id)

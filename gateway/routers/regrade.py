@@ -2,13 +2,16 @@
 
 Every task whose session tested the agent is graded again from its stored trajectory and files, with the checks
 the grader has now and, when ``judge`` is given, a new LLM judge: no session starts and no model is called (but
-the judge). The evaluation's ``grading`` goes up by one; each new verdict records it, and the store keeps the
-verdict each replaced as ``verdict-grading-<n>.json`` beside it.
+the judge). The evaluation's ``grading`` goes up by one; each new verdict records it, with the grader build and the
+checks hash it was graded with, and the store keeps the verdict each replaced as ``verdict-grading-<n>.json``
+beside it. The manifest lists the grading (``manifest.gradings``), filled in when it completes; its comparable key
+changes only when the new verdicts were graded with other checks (``services.manifest``).
 """
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, SecretStr
 
+from gateway import readmodel
 from gateway.auth import Caller
 from gateway.deps import LifecycleDep, SettingsDep, StateDep, StoreDep
 from gateway.egress import check_url_field
@@ -48,7 +51,7 @@ def regrade(
         or that does not resolve; 404 when the key may not see it."""
     body = body or RegradeRequest()
     evaluation = owned(state, caller, evaluation_id)
-    if state.status(state.progress(evaluation.id), evaluation.id) is not EvaluationStatus.COMPLETED:
+    if readmodel.status(state, evaluation.id) is not EvaluationStatus.COMPLETED:
         raise Problem(409, "Not finished", "regrade a completed evaluation; this one is still running or cancelled")
     if body.judge is not None:
         check_url_field(
@@ -58,5 +61,4 @@ def regrade(
     lifecycle.regrade(evaluation, body.judge, judge_key)
     regraded = state.get(evaluation.id)
     store.put_evaluation(regraded)
-    progress = state.progress(regraded.id)
-    return EvaluationView(evaluation=regraded, status=state.status(progress, regraded.id), progress=progress)
+    return readmodel.view(state, regraded)

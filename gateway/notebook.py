@@ -5,6 +5,8 @@ Each assistant message is paired with its turn (the i-th assistant message is th
 reply is its first cell as the agent loop reads it (``services.extraction``); in tools mode, where the code
 came in an ``execute_python`` call, it is the turn's code. The output is the turn's execution when the
 trajectory has it, else the code interpreter message that follows (``services.pybench``).
+
+The CLI's ``export`` writes these from an archive it downloaded; the dashboard offers one per task.
 """
 
 import importlib
