@@ -20,6 +20,7 @@ from services.state import StateStore
 from services.store import ArtifactStore
 from services.verdict import GradingOutcome, JudgeMode, Judgment, JudgmentStatus, Verdict, VerdictStatus
 from tests import dashboard_data as data
+from tests.factories import make_verdict
 from tests.fixtures import ADMIN_KEY, gateway_settings, login_form_token, sign_in
 
 
@@ -427,3 +428,23 @@ def test_the_charts_draw_each_known_interval_as_an_error_bar_and_no_other(
             if series == f"{model} ({evaluation_id[:8]})"
         }
         assert mine == _known_intervals(result["statistics"], "original")
+
+
+def test_replayed_turns_are_marked_and_the_model_calls_saved_are_counted(
+    settings: GatewaySettings, redis_client: Redis, store: ArtifactStore, api: TestClient
+) -> None:
+    """A retried session replayed its first turn from the reply cache: its task page marks that turn (and shows no
+    model latency for it), the evaluation page counts the call and tokens not paid again."""
+    evaluation = data.submit(api, [7], "cached")
+    session = data.trajectory(evaluation["id"], 7, turns=2)
+    session.turns[0].replayed = True
+    store.put_trajectory(session)
+    verdict = make_verdict(evaluation["id"], 7, VerdictStatus.PASSED, replayed_turns=1, replayed_tokens=1500)
+    store.put_verdict(verdict)
+    TaskLifecycle(redis_client).record_verdict(verdict)
+    with _client(settings) as browser:
+        sign_in(browser, ADMIN_KEY)
+        task = browser.get(f"/dashboard/evaluations/{evaluation['id']}/tasks/7").text
+        assert task.count('class="replayed"') == 1
+        summary = browser.get(f"/dashboard/evaluations/{evaluation['id']}").text
+        assert "1 model calls (1\u2009500 tokens) replayed from the reply cache" in summary

@@ -47,6 +47,8 @@ class Block:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     latency_s: float | None = None
+    replayed: bool = False
+    """The reply came from the evaluation's reply cache: no model call was made for it in this attempt."""
     flags: list[str] = field(default_factory=list)
 
 
@@ -98,6 +100,7 @@ def _assistant_block(content: str, number: int, turn: Turn | None, has_tool_call
     if turn is not None:
         block.prompt_tokens, block.completion_tokens = turn.prompt_tokens, turn.completion_tokens
         block.latency_s = turn.model_latency_s
+        block.replayed = turn.replayed
         if code is not None and turn.execution is not None:
             block.cell = _cell_of(turn.execution)
     return block
