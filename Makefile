@@ -108,9 +108,10 @@ test: host-deps $(VENV)/.installed-dev compose-plugin k8s-tools ## Run the tests
 	$(PY) -m pytest
 
 FAST_TESTS ?= not docker and not compose and not slow and not real_model and not chaos
+FAST_WORKERS ?= 2
 test-fast: $(VENV)/.installed-dev ## Run the tests that need no container, compose stack or real model (about 2 minutes)
 	@PYTHON=$(PYTHON) bash scripts/host-deps.sh redis-server chromium chromedriver
-	$(PY) -m pytest -m "$(FAST_TESTS)"
+	$(PY) -m pytest -n $(FAST_WORKERS) -m "$(FAST_TESTS)"
 
 bench: bench-sandbox bench-grading ## Run every benchmark (each prints a table, then one JSON line)
 

@@ -35,7 +35,11 @@ def test_a_sealed_key_opens_only_under_its_name_and_its_key() -> None:
     assert box.open(b"short", "pbe:secret:model-key:a") is None
 
 
-@pytest.mark.parametrize("value", ["", "not base64 at all!", "c2hvcnQ=", new_key() + "AAAA"])
+@pytest.mark.parametrize(
+    "value",
+    ["", "not base64 at all!", "c2hvcnQ=", new_key() + "AAAA"],
+    ids=["empty", "not-base64", "too-short", "too-long"],
+)
 def test_a_secrets_key_that_is_not_one_says_how_to_make_one(value: str) -> None:
     with pytest.raises(ConfigurationError, match="make env writes one"):
         SecretBox.from_setting(value)
