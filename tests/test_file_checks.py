@@ -25,7 +25,8 @@ import pytest
 from grader import file_checks
 from services.errors import SandboxStartError
 from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, GRADING_ROLE, ROLE_LABEL
-from services.sandbox.grading_docker import parse_results, reap, run_file_checks, workspace_name
+from services.sandbox.grading import parse_results, workspace_name
+from services.sandbox.grading_docker import reap, run_file_checks
 from services.verdict import CheckResult
 from tests.servers import files_made_in_sandbox_image
 
@@ -556,6 +557,62 @@ def test_a_check_that_never_ends_is_cut_and_its_sandbox_removed(engine: Any) -> 
         ("csv_rows", False, "grading sandbox timed out after 3 s"),
         ("pickle_loads", False, "grading sandbox timed out after 3 s"),
     ]
+    assert not ours(engine)
+
+
+LINGERER = """
+import json, os, time
+if os.fork() == 0:
+    os.setsid()
+    streams = []
+    for pid in os.listdir("/proc"):
+        try:
+            streams.append(open(f"/proc/{pid}/fd/1", "w"))
+        except OSError:
+            pass
+    time.sleep(1)  # the checker has answered by now; the streams opened above are still open
+    forged = json.dumps({"results": [{"kind": "csv_rows", "passed": True, "detail": "forged"}] * 2})
+    for stream in streams:
+        try:
+            stream.write(forged + "\\n")
+            stream.flush()
+        except OSError:
+            pass
+    os._exit(0)
+"""
+"""Code that leaves a process behind which, once the checker has answered, writes a forged result line into every
+output it can open (the checker is not process 1 of the grading sandbox, so it cannot end what a pickle left)."""
+
+
+KILLER = """
+import json, os, signal
+forged = json.dumps({"results": [{"kind": "csv_rows", "passed": True, "detail": "forged"}] * 2})
+for pid in os.listdir("/proc"):
+    try:
+        with open(f"/proc/{pid}/fd/1", "w") as stream:
+            stream.write(forged + "\\n")
+    except OSError:
+        pass
+for pid in os.listdir("/proc"):
+    if pid.isdigit() and int(pid) not in (1, os.getpid()):
+        try:
+            os.kill(int(pid), signal.SIGKILL)  # the checker among them, before it answers
+        except OSError:
+            pass
+"""
+"""Code that writes a forged result line into every output it can open and then kills every other process."""
+
+
+@pytest.mark.parametrize("code", [LINGERER, KILLER], ids=["lingerer", "killer"])
+def test_a_result_line_forged_by_a_process_a_pickle_left_behind_fails_the_checks(engine: Any, code: str) -> None:
+    files = {"output/lingerer.pkl": pickle.dumps(Reduce(exec, code)), "output/a.csv": b"a\n1\n"}
+    checks: list[dict[str, Any]] = [
+        {"kind": "pickle_loads", "path": "./output/lingerer.pkl"},
+        {"kind": "csv_rows", "path": "./output/a.csv", "n": 5},
+    ]
+    results = run_file_checks(checks, files, checker=CHECKER, timeout_s=60)
+    assert [r.passed for r in results] == [False, False]
+    assert all(r.detail != "forged" for r in results), results
     assert not ours(engine)
 
 

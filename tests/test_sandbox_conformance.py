@@ -23,7 +23,16 @@ import pytest
 from executor.kernel import KernelClient
 from services.errors import SandboxError, SandboxUnavailableError
 from services.sandbox.base import EXEC_TIMEOUT_STATUS, SandboxBackend, SandboxSpec
-from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, SANDBOX_NAME_PREFIX, SANDBOX_UID, SandboxHandle
+from services.sandbox.contract import (
+    DEFAULT_SANDBOX_IMAGE,
+    GRADING_NAME_PREFIX,
+    GRADING_ROLE,
+    ROLE_LABEL,
+    SANDBOX_NAME_PREFIX,
+    SANDBOX_UID,
+    SandboxHandle,
+)
+from services.sandbox.grading import grading_archive, grading_spec
 from services.sandbox.local import LocalSandboxBackend
 
 SANDBOX_IMAGE = DEFAULT_SANDBOX_IMAGE
@@ -42,6 +51,7 @@ KNOWN_GAPS: dict[str, dict[str, str]] = {
     "docker": {},
     "kubernetes": {
         "limits": "Kubernetes has no process limit per pod: the kubelet's podPidsLimit applies, not the spec's pids",
+        "grading": "a grading pod is still services.sandbox.grading_pods' own, not the backend's start",
     },
 }
 """What each backend lacks on purpose, by the name the cases ask for."""
@@ -509,6 +519,30 @@ def test_a_stopped_sandbox_is_unavailable(kind: Kind, backend: SandboxBackend, e
         backend.get_tree(handle, "/workspace/output")
     with pytest.raises(SandboxUnavailableError):
         backend.exec(handle, ["true"])
+
+
+# --- a grading: another use of a sandbox -------------------------------------------------------------------
+
+
+def test_a_grading_sandbox_reads_what_put_tree_wrote_and_cannot_change_it_nor_reach_a_network(
+    kind: Kind, backend: SandboxBackend
+) -> None:
+    require(kind, "grading")
+    handle = backend.start(grading_spec(kind.image))
+    try:
+        assert handle.name.startswith(GRADING_NAME_PREFIX) and handle.labels[ROLE_LABEL] == GRADING_ROLE
+        backend.put_tree(handle, grading_archive({"output/a.csv": b"a\n1\n"}, {"checker.py": b"print(1)"}))
+        read = backend.exec(handle, ["cat", "workspace/output/a.csv", "checker.py"], timeout_s=30)
+        assert (read.exit_code, read.stdout) == (0, b"a\n1\nprint(1)")
+        if KNOWN_GAPS[kind.name].get("isolation") is None:
+            write = backend.exec(handle, ["sh", "-c", "echo x >> workspace/output/a.csv || touch new"], timeout_s=30)
+            assert write.exit_code != 0, "the grading's files are writable by the sandbox user"
+        if KNOWN_GAPS[kind.name].get("network") is None:
+            interfaces = backend.exec(handle, ["ls", "/sys/class/net"], timeout_s=30)
+            assert interfaces.stdout.split() == [b"lo"]
+    finally:
+        backend.stop(handle)
+    assert not kind.exists(handle)
 
 
 def test_reap_removes_an_evaluations_forgotten_sandbox_and_spares_another_evaluations(

@@ -1,13 +1,16 @@
 """Sandboxes: the one place that creates, starts, execs in and removes containers and pods.
 
 - ``contract``: the names, labels, limits and handle every sandbox shares (the image's user, the workspace).
-- ``base``: the session sandbox's interface (``SandboxBackend``) and the tar toolkit its backends share;
-  ``registry`` picks a backend by name; ``docker``, ``kubernetes`` and ``local`` are the backends.
+- ``base``: the sandbox interface (``SandboxBackend``; a ``SandboxSpec`` says its purpose, a session or a grading)
+  and the tar toolkit its backends share; ``registry`` picks a backend by name; ``docker``, ``kubernetes`` and
+  ``local`` are the backends.
 - ``runtime_volumes``: the image's ``/opt/venv`` and ``/usr`` as read-only volumes where the engine's storage
   driver is FUSE; ``docker_errors``: the engine's errors as one tuple.
 - ``k8s_client`` and ``k8s_pods``: the Kubernetes client code and the hardened pod manifest.
-- ``grading_docker`` and ``grading_pods``: a throwaway grading sandbox that runs the grader's checker over
-  untrusted files; ``grading_backends`` picks one by ``PBE_GRADING_BACKEND``.
+- ``grading``: a grading as one use of a backend (start a grading sandbox, put the checker and the files in,
+  ``exec`` the checker, read its answer, stop); ``grading_docker`` runs it on the Docker backend,
+  ``grading_pods`` still runs a pod of its own on Kubernetes; ``grading_backends`` picks one by
+  ``PBE_GRADING_BACKEND``.
 - ``image/``: the sandbox image the backends run.
 
 Each backend imports its SDK (``docker``, ``kubernetes``) only when it is chosen.

@@ -1,11 +1,16 @@
-"""The sandbox interface: start a box running a kernel gateway, move files in and out, run a command in it, stop
-it, reap orphans.
+"""The sandbox interface: start a box, move files in and out, run a command in it, stop it, reap orphans.
 
-A sandbox is used by one task session and destroyed after it; it is never handed to another task.
-Running cells is not the backend's job: every backend exposes a kernel gateway (``SandboxHandle.url`` and
-``token``) and ``executor.kernel.KernelClient`` talks to it, whatever the backend. ``exec`` runs one command
-beside it (as the sandbox user, with its limits, its output bounded and its time limited), for whatever a
-session or a grading needs besides cells.
+A sandbox has one use (``SandboxSpec.purpose``) and is destroyed after it; it is never handed to another task.
+
+- A **session** sandbox runs a kernel gateway: ``start`` returns once it answers, and
+  ``executor.kernel.KernelClient`` talks to it (``SandboxHandle.url`` and ``token``), whatever the backend.
+- A **grading** sandbox runs nothing of its own and has no network at all: the grader puts the checker and the
+  session's files in (``put_tree``, owned by root where the backend can), ``exec``s the checker and reads its
+  answer from the bounded output (``services.sandbox.grading``).
+
+``exec`` runs one command in either (as the sandbox user, with the sandbox's limits, its output bounded and its time
+limited). What hardens a box (user, capabilities, read-only root, size-capped writable places, limits) is written
+once per backend, in its ``start``, for both uses.
 """
 
 import bisect
@@ -19,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.sandbox.contract import SandboxHandle
+from services.sandbox.contract import WORKSPACE, SandboxHandle, SandboxPurpose
 
 DEFAULT_MEMORY_MB = 2048
 """A sandbox's memory limit (no swap), unless ``PBE_SANDBOX_MEMORY_MB`` says otherwise."""
@@ -81,6 +86,17 @@ class SandboxSpec:
     background: bool = False
     """Started ahead of any session (the warm pool's): where the backend can, its start yields the CPU to the cells
     of running sessions (which run against a time limit) until a session takes it (``SandboxBackend.promote``)."""
+    purpose: SandboxPurpose = "session"
+    """``session``: a kernel gateway, the session's name and labels (evaluation, task, attempt). ``grading``: no
+    gateway (``start`` returns once the box runs), a grading sandbox's name and labels (``GRADING_LABELS``), and a
+    workspace that belongs to root (the sandbox user reads what is put there and writes nothing but ``/tmp``)."""
+    network: bool = True
+    """False: no network at all, loopback only (a grading's). A session needs its network (the executor reaches
+    its gateway through it)."""
+
+    def __post_init__(self) -> None:
+        if self.purpose == "session" and not self.network:
+            raise ValueError("a session sandbox needs its network: its kernel gateway is reached through it")
 
 
 @dataclass(frozen=True)
@@ -184,6 +200,21 @@ class SandboxBackend(ABC):
             SandboxUnavailableError: the sandbox is gone.
         """
 
+    def put_tree(self, handle: SandboxHandle, archive: bytes) -> None:
+        """Unpack the tar ``archive`` (relative names, folders before their files) under ``/workspace``. Where the
+        backend can (Docker), each member keeps the owner the archive gives it: root's, in a grading sandbox,
+        which the sandbox user can read but not change. This default writes its regular files with ``put_file``
+        (owned by the sandbox user, empty folders left out).
+
+        Raises:
+            SandboxError: a member's name leads out of ``/workspace``.
+            SandboxUnavailableError: the sandbox is gone or refused the files.
+        """
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r") as tar:
+            for member in tar:
+                if member.isreg():
+                    self.put_file(handle, f"{WORKSPACE}/{member.name.removeprefix('./')}", _read_member(tar, member))
+
     @abstractmethod
     def get_tree(
         self,
@@ -242,10 +273,16 @@ class SandboxBackend(ABC):
 
     @abstractmethod
     def reap(
-        self, evaluation_id: str | None = None, older_than_s: float = 0.0, *, worker: str | None = None
+        self,
+        evaluation_id: str | None = None,
+        older_than_s: float = 0.0,
+        *,
+        worker: str | None = None,
+        purpose: SandboxPurpose = "session",
     ) -> list[str]:
-        """Remove leftover sandboxes of this project (of one evaluation, or all; of one ``worker``, or any
-        worker's) created more than ``older_than_s`` seconds ago, with everything they own; return their names."""
+        """Remove leftover sandboxes of this project started for ``purpose`` (sessions: of one evaluation, or all;
+        of one ``worker``, or any worker's; gradings carry neither label) created more than ``older_than_s``
+        seconds ago, with everything they own; return their names."""
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,21 @@ SANDBOX_NAME_PREFIX = "pbe-sbx-"
 GRADING_NAME_PREFIX = "pbe-grd-"
 """Every grading sandbox's (and its volume's) name starts with this."""
 
+SandboxPurpose = Literal["session", "grading"]
+"""What a sandbox is started for: a task ``session`` (a kernel gateway the executor talks to) or a ``grading`` (a
+box that runs nothing of its own, in which the grader ``exec``s the checker)."""
+
+PURPOSE_ROLES: dict[SandboxPurpose, str] = {"session": SANDBOX_ROLE, "grading": GRADING_ROLE}
+"""The ``ROLE_LABEL`` of a sandbox by its purpose."""
+
+GRADING_LABELS = {ROLE_LABEL: GRADING_ROLE, PROJECT_LABEL: PROJECT}
+"""The labels of every grading sandbox (container, volume or pod)."""
+
+
+def grading_name() -> str:
+    """A new name for a grading sandbox: ``pbe-grd-<12 hex>``."""
+    return f"{GRADING_NAME_PREFIX}{secrets.token_hex(6)}"
+
 
 def sandbox_name(evaluation_id: str, task_index: int, attempt: int) -> str:
     """A new name for a session's sandbox: ``pbe-sbx-<first 12 of the evaluation id>-<task>-a<attempt>-<6 hex>``."""

@@ -52,17 +52,20 @@ from services.sandbox.base import (
 )
 from services.sandbox.contract import (
     DEFAULT_GATEWAY_PORT,
+    GRADING_LABELS,
     LOG_LIMIT,
     PROJECT,
     PROJECT_LABEL,
+    PURPOSE_ROLES,
     ROLE_LABEL,
     SANDBOX_HOME,
-    SANDBOX_ROLE,
     SANDBOX_UID,
     WORKSPACE,
     RuntimeVolumeMode,
     SandboxHandle,
+    SandboxPurpose,
     docker_created_epoch,
+    grading_name,
     reap_selector,
     sandbox_labels,
     sandbox_name,
@@ -92,8 +95,9 @@ class DockerSandboxBackend(SandboxBackend):
     name = "docker"
     telemetry_scope = "cgroup"
 
-    def __init__(self, network: str, client: Any = None, runtime_volume: RuntimeVolumeMode = "auto") -> None:
+    def __init__(self, network: str = "", client: Any = None, runtime_volume: RuntimeVolumeMode = "auto") -> None:
         self.network = network
+        """The sessions' internal network (``PBE_SANDBOX_NETWORK``); a grading has none, and needs no name."""
         self._client = client
         self._runtime_mode = runtime_volume
         self._runtime: RuntimeVolumes | None = None
@@ -150,13 +154,38 @@ class DockerSandboxBackend(SandboxBackend):
             self._network_ready = True
 
     def start(self, spec: SandboxSpec) -> SandboxHandle:
-        token = secrets.token_urlsafe(24)
-        name = sandbox_name(spec.evaluation_id, spec.task_index, spec.attempt)
-        labels = sandbox_labels(spec.evaluation_id, spec.task_index, spec.attempt, spec.worker)
+        """Create and start the container of ``spec`` (hardened alike for every purpose: see the module), and for a
+        session wait until its kernel gateway answers.
+
+        Raises:
+            SandboxStartError: the engine is unreachable, the image is missing, or the sandbox did not start or
+                become ready in time (it is removed before this is raised).
+        """
+        session = spec.purpose == "session"
+        token = secrets.token_urlsafe(24) if session else ""
+        if session:
+            name = sandbox_name(spec.evaluation_id, spec.task_index, spec.attempt)
+            labels = sandbox_labels(spec.evaluation_id, spec.task_index, spec.attempt, spec.worker)
+        else:
+            name, labels = grading_name(), dict(GRADING_LABELS)
+        # A grading's workspace belongs to root: what is put there is read, never changed, by the sandbox user.
+        owner = SANDBOX_UID if session else 0
         tmpfs = f"rw,nosuid,nodev,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,size={spec.tmp_mb}m"
+        if not session:
+            tmpfs += ",noexec"
+        if spec.network and not self.network:
+            raise SandboxStartError("no sandbox network is named: set PBE_SANDBOX_NETWORK")
+        cap_add: tuple[str, ...] = ()
         try:
-            self.ensure_network()
-            entrypoint = [_CONFINE_ENTRYPOINT, self.peer_address()]  # before the volume: nothing to undo
+            if spec.network:
+                self.ensure_network()
+                # The confining entrypoint (root until it drops): before the volume, nothing to undo.
+                entrypoint, user, cap_add = [_CONFINE_ENTRYPOINT, self.peer_address()], "0:0", _CONFINE_CAPABILITIES
+                network: dict[str, Any] = {"network": self.network, "dns": ["127.0.0.1"]}
+            else:
+                # Nothing to confine and nothing to serve: the sandbox user from the first instruction, asleep.
+                entrypoint, user, cap_add = ["sleep", "infinity"], f"{SANDBOX_UID}:{SANDBOX_UID}", ()
+                network = {"network_mode": "none", "network_disabled": True}
             image, runtime_mounts = self.runtime.mounts(spec.image)
             self.client.volumes.create(
                 name,
@@ -164,44 +193,53 @@ class DockerSandboxBackend(SandboxBackend):
                 driver_opts={
                     "type": "tmpfs",
                     "device": "tmpfs",
-                    "o": f"size={spec.workspace_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},mode=0755,nosuid,nodev",
+                    "o": f"size={spec.workspace_mb}m,uid={owner},gid={owner},mode=0755,nosuid,nodev",
                 },
-                labels={**labels, ROLE_LABEL: _WORKSPACE_ROLE},
+                labels={**labels, ROLE_LABEL: _WORKSPACE_ROLE} if session else labels,
             )
             # create + start, never run: run pulls a missing image, and sandboxes never reach a registry.
             container = self.client.containers.create(
                 image,
                 name=name,
                 labels=labels,
-                environment={"KG_AUTH_TOKEN": token},
-                network=self.network,
+                environment={"KG_AUTH_TOKEN": token} if session else {},
                 entrypoint=entrypoint,
-                user="0:0",
+                command=[],
+                user=user,
                 mem_limit=f"{spec.memory_mb}m",
                 memswap_limit=f"{spec.memory_mb}m",
                 nano_cpus=int(spec.cpus * 1e9),
                 cpu_shares=BACKGROUND_CPU_SHARES if spec.background else SESSION_CPU_SHARES,
                 pids_limit=spec.pids,
                 cap_drop=["ALL"],
-                cap_add=list(_CONFINE_CAPABILITIES),
+                cap_add=list(cap_add),
                 security_opt=["no-new-privileges"],
                 read_only=True,
-                # Names resolve nowhere (a `pip install` fails at once): the resolver is the box's own loopback.
-                dns=["127.0.0.1"],
                 tmpfs={"/tmp": tmpfs, SANDBOX_HOME: tmpfs},
                 volumes={name: {"bind": WORKSPACE, "mode": "rw"}},
                 mounts=runtime_mounts,
                 init=False,
                 log_config=docker.types.LogConfig(type="json-file", config=LOG_LIMIT),
+                **network,
             )
         except docker.errors.ImageNotFound as exc:
             self._remove_volume(name)
             raise SandboxStartError(f"sandbox image {spec.image!r} is missing: build it with `make images`") from exc
         except DOCKER_ERRORS as exc:
             self._remove_volume(name)
-            raise SandboxStartError(f"cannot start a sandbox container: {exc}") from exc
+            raise SandboxStartError(f"cannot start a sandbox container: {exc}; is the Docker engine running?") from exc
         try:
             container.start()
+            if not session:
+                return SandboxHandle(
+                    backend=self.name,
+                    sandbox_id=container.id,
+                    name=name,
+                    url="",
+                    token="",
+                    image=spec.image,
+                    labels=labels,
+                )
             container.reload()
             address = container.attrs["NetworkSettings"]["Networks"][self.network]["IPAddress"]
             handle = SandboxHandle(
@@ -310,13 +348,24 @@ class DockerSandboxBackend(SandboxBackend):
             raise SandboxError(
                 f"cannot write {dest!r}: sandbox files go under {WORKSPACE}/, e.g. {WORKSPACE}/data/a.csv"
             )
-        archive = one_file_archive(parts[1:], data, SANDBOX_UID)
+        self._put_archive(handle, one_file_archive(parts[1:], data, SANDBOX_UID), dest)
+
+    def put_tree(self, handle: SandboxHandle, archive: bytes) -> None:
+        """Unpack ``archive`` under ``/workspace`` through the engine, each member keeping the owner the archive
+        gives it (root's, in a grading sandbox).
+
+        Raises:
+            SandboxUnavailableError: the sandbox is gone or refused the files.
+        """
+        self._put_archive(handle, archive, "the files")
+
+    def _put_archive(self, handle: SandboxHandle, archive: bytes, what: str) -> None:
         try:
             ok = self._container(handle).put_archive(WORKSPACE, archive)
         except DOCKER_ERRORS as exc:
-            raise SandboxUnavailableError(f"cannot copy {dest} into sandbox {handle.name}: {exc}") from exc
+            raise SandboxUnavailableError(f"cannot copy {what} into sandbox {handle.name}: {exc}") from exc
         if not ok:
-            raise SandboxUnavailableError(f"sandbox {handle.name} refused {dest}")
+            raise SandboxUnavailableError(f"sandbox {handle.name} refused {what}")
 
     def exec(
         self,
@@ -440,21 +489,36 @@ class DockerSandboxBackend(SandboxBackend):
         self._remove(handle.sandbox_id, handle.name)
 
     def reap(
-        self, evaluation_id: str | None = None, older_than_s: float = 0.0, *, worker: str | None = None
+        self,
+        evaluation_id: str | None = None,
+        older_than_s: float = 0.0,
+        *,
+        worker: str | None = None,
+        purpose: SandboxPurpose = "session",
     ) -> list[str]:
+        """Remove the containers of ``purpose`` (and their workspace volumes) older than ``older_than_s``.
+
+        Raises:
+            SandboxStartError: the Docker engine cannot be reached.
+        """
         selector = reap_selector(evaluation_id, worker)
-        filters = [f"{ROLE_LABEL}={SANDBOX_ROLE}", *(f"{key}={value}" for key, value in selector.items())]
+        filters = [f"{ROLE_LABEL}={PURPOSE_ROLES[purpose]}", *(f"{key}={value}" for key, value in selector.items())]
+        # A grading's volume carries the grading role itself; a session's has a role of its own.
+        volume_role = _WORKSPACE_ROLE if purpose == "session" else PURPOSE_ROLES[purpose]
         cutoff = time.time() - older_than_s
         removed = []
-        for container in self.client.containers.list(all=True, filters={"label": filters}):
-            if docker_created_epoch(container.attrs.get("Created", "")) <= cutoff:
-                self._remove(container.id, container.name)
-                removed.append(container.name)
-        workspace_filters = [f"{ROLE_LABEL}={_WORKSPACE_ROLE}", *filters[1:]]
-        for volume in self.client.volumes.list(filters={"label": workspace_filters}):
-            if docker_created_epoch(volume.attrs.get("CreatedAt", "")) <= cutoff and volume.name not in removed:
-                self._remove_volume(volume.name)
-                removed.append(volume.name)
+        try:
+            for container in self.client.containers.list(all=True, filters={"label": filters}):
+                if docker_created_epoch(container.attrs.get("Created", "")) <= cutoff:
+                    self._remove(container.id, container.name)
+                    removed.append(container.name)
+            workspace_filters = [f"{ROLE_LABEL}={volume_role}", *filters[1:]]
+            for volume in self.client.volumes.list(filters={"label": workspace_filters}):
+                if docker_created_epoch(volume.attrs.get("CreatedAt", "")) <= cutoff and volume.name not in removed:
+                    self._remove_volume(volume.name)
+                    removed.append(volume.name)
+        except DOCKER_ERRORS as exc:
+            raise SandboxStartError(f"cannot reach the Docker engine: {exc}") from exc
         return removed
 
 

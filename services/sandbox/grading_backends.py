@@ -1,11 +1,12 @@
 """Where grading sandboxes run, by the grader's ``PBE_GRADING_BACKEND``: a container on Docker
-(``services.sandbox.grading_docker``) or a pod on Kubernetes (``services.sandbox.grading_pods``). Each imports its
-SDK only when chosen."""
+(``services.sandbox.grading`` through the ``DockerSandboxBackend``) or a pod on Kubernetes
+(``services.sandbox.grading_pods``). Each imports its SDK only when chosen."""
 
 import functools
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from services.sandbox.base import SandboxBackend
 from services.sandbox.contract import RuntimeVolumeMode
 from services.verdict import CheckResult
 
@@ -56,11 +57,14 @@ def file_check_backend(settings: GradingBackendSettings, checker: Mapping[str, b
 
 def reap_grading_sandboxes(older_than_s: float, settings: GradingBackendSettings) -> list[str]:
     """Remove the grading sandboxes (containers or pods, by ``PBE_GRADING_BACKEND``) a killed grader left, older
-    than ``older_than_s``; returns their names."""
+    than ``older_than_s``, with the backend's own ``reap``; returns their names."""
+    backend: SandboxBackend
     if settings.GRADING_BACKEND == "kubernetes":
-        from services.sandbox import grading_pods
+        from services.sandbox.kubernetes import KubernetesSandboxBackend
 
-        return grading_pods.reap(older_than_s=older_than_s, namespace=settings.K8S_NAMESPACE)
-    from services.sandbox import grading_docker
+        backend = KubernetesSandboxBackend(namespace=settings.K8S_NAMESPACE)
+    else:
+        from services.sandbox.docker import DockerSandboxBackend
 
-    return grading_docker.reap(older_than_s=older_than_s)
+        backend = DockerSandboxBackend(runtime_volume=settings.SANDBOX_RUNTIME_VOLUME)
+    return backend.reap(older_than_s=older_than_s, purpose="grading")

@@ -17,8 +17,6 @@ One difference from the Docker path: exec runs as the pod's user, so the copied 
 checks run as (on Docker they belong to root); a check can change them, within the pod's own size cap.
 """
 
-import json
-import secrets
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -28,40 +26,36 @@ from kubernetes.client.rest import ApiException
 
 from services.errors import SandboxStartError, SandboxUnavailableError
 from services.sandbox import k8s_client
-from services.sandbox.contract import (
-    DEFAULT_SANDBOX_IMAGE,
-    GRADING_NAME_PREFIX,
-)
-from services.sandbox.grading_docker import (
+from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, GRADING_LABELS, grading_name
+from services.sandbox.grading import (
     CHECKER_ENVIRONMENT,
     DEFAULT_CPUS,
     DEFAULT_MEMORY_MB,
+    DEFAULT_SPARE_MB,
     DEFAULT_TIMEOUT_S,
     DEFAULT_TMP_MB,
-    GRADING_LABELS,
-    MOUNT,
-    SANDBOX_PYTHON,
-    WORKSPACE_ROOT,
+    FILES_FOLDER,
+    checker_command,
     failed_results,
+    grading_archive,
     parse_results,
-    request_archive,
+    request_json,
 )
 from services.sandbox.k8s_pods import (
     CONTAINER_NAME,
     DEFAULT_NAMESPACE,
     GRADING_COMPONENT,
-    created_epoch,
-    label_selector,
     pod_labels,
     sandbox_pod,
 )
+from services.sandbox.kubernetes import KubernetesSandboxBackend
 from services.verdict import CheckResult
 
 DEFAULT_START_TIMEOUT_S = 120.0
 """How long the grading pod may take to run (scheduling, image on the node) before the call gives up."""
 
-DEFAULT_SPARE_MB = 64
-"""Room in ``/grading`` (and memory) beyond the archive copied in."""
+MOUNT = "/grading"
+"""Where the pod's files go: the checker's scripts, ``request.json``, and the session's files under ``workspace/``."""
 
 _KILLED = 137
 """The exit status of a checker killed by SIGKILL (the memory limit, most often)."""
@@ -104,8 +98,9 @@ def run_file_checks(
         return []
     configuration = configuration or k8s_client.load_configuration()
     core = client.CoreV1Api(client.ApiClient(configuration))
-    name = f"{GRADING_NAME_PREFIX}{secrets.token_hex(6)}"
-    archive = request_archive(checks, files, checker, root=".")  # the checker runs in the workspace
+    name = grading_name()
+    # The checker runs in the workspace: the request's root is ".".
+    archive = grading_archive(files, {**checker, "request.json": request_json(checks, ".")})
     spare_mb = len(archive) // 2**20 + DEFAULT_SPARE_MB
     deadline_s = int(DEFAULT_START_TIMEOUT_S + timeout_s) + 60
     manifest = sandbox_pod(
@@ -155,16 +150,7 @@ def _check(
 ) -> list[CheckResult]:
     """Run the checker in the pod; turn a timeout, a kill or garbage into failed results."""
     output = bytearray()
-    command = [
-        "sh",
-        "-c",
-        'cd "$1" && exec "$2" -I -B "$3" "$4"',
-        "sh",
-        WORKSPACE_ROOT,
-        SANDBOX_PYTHON,
-        f"{MOUNT}/file_checks.py",
-        f"{MOUNT}/request.json",
-    ]
+    command = checker_command(f"{MOUNT}/file_checks.py", f"{MOUNT}/request.json", root=f"{MOUNT}/{FILES_FOLDER}")
     try:
         ended = k8s_client.run_in_pod(
             configuration,
@@ -195,7 +181,8 @@ def reap(
     namespace: str = DEFAULT_NAMESPACE,
     configuration: client.Configuration | None = None,
 ) -> list[str]:
-    """Delete grading pods older than ``older_than_s`` (a killed grader's leftovers).
+    """Delete grading pods older than ``older_than_s`` (a killed grader's leftovers): the Kubernetes backend's
+    ``reap`` of gradings.
 
     Returns:
         The names deleted.
@@ -203,24 +190,5 @@ def reap(
     Raises:
         SandboxStartError: no cluster configuration, or the pods could not be listed.
     """
-    configuration = configuration or k8s_client.load_configuration()
-    core = client.CoreV1Api(client.ApiClient(configuration))
-    try:
-        response = core.list_namespaced_pod(
-            namespace,
-            label_selector=label_selector(GRADING_LABELS),
-            _preload_content=False,
-            _request_timeout=k8s_client.DEFAULT_API_TIMEOUT_S,
-        )
-        pods = json.loads(response.data).get("items") or []
-    except (ApiException, *k8s_client.TRANSIENT_ERRORS) as exc:
-        why = k8s_client.describe_api_error(exc, namespace, configuration.host)
-        raise SandboxStartError(f"cannot list grading pods: {why}") from exc
-    cutoff = time.time() - older_than_s
-    removed = []
-    for pod in pods:
-        created = created_epoch(str(pod["metadata"].get("creationTimestamp", "")))
-        if created <= cutoff:
-            k8s_client.delete_pod(core, pod["metadata"]["name"], namespace)
-            removed.append(pod["metadata"]["name"])
-    return removed
+    backend = KubernetesSandboxBackend(namespace, configuration=configuration)
+    return backend.reap(older_than_s=older_than_s, purpose="grading")

@@ -57,12 +57,13 @@ from services.sandbox.contract import (
     DEFAULT_GATEWAY_PORT,
     PROJECT,
     PROJECT_LABEL,
+    PURPOSE_ROLES,
     ROLE_LABEL,
     SANDBOX_HOME,
-    SANDBOX_ROLE,
     SANDBOX_UID,
     WORKSPACE,
     SandboxHandle,
+    SandboxPurpose,
     reap_selector,
     sandbox_labels,
     sandbox_name,
@@ -192,6 +193,9 @@ class KubernetesSandboxBackend(SandboxBackend):
                 could not be reached; the pod failed, ended, was deleted or cannot pull its image while starting;
                 or it was not ready within ``spec.ready_timeout_s``. The pod is deleted before this is raised.
         """
+        if spec.purpose != "session":
+            # Not yet: a grading pod is ``services.sandbox.grading_pods``'s own (same manifest, ``k8s_pods``).
+            raise SandboxStartError("the Kubernetes backend starts session sandboxes only: gradings use grading_pods")
         deadline = time.monotonic() + spec.ready_timeout_s
         token = secrets.token_urlsafe(24)
         name = sandbox_name(spec.evaluation_id, spec.task_index, spec.attempt)
@@ -387,7 +391,12 @@ class KubernetesSandboxBackend(SandboxBackend):
             k8s_client.delete_pod(self.core, handle.name, self.namespace)
 
     def reap(
-        self, evaluation_id: str | None = None, older_than_s: float = 0.0, *, worker: str | None = None
+        self,
+        evaluation_id: str | None = None,
+        older_than_s: float = 0.0,
+        *,
+        worker: str | None = None,
+        purpose: SandboxPurpose = "session",
     ) -> list[str]:
         """Delete this project's session pods (of one evaluation, or all; of one worker, or any's) created more
         than ``older_than_s`` seconds ago; return their names.
@@ -395,7 +404,7 @@ class KubernetesSandboxBackend(SandboxBackend):
         Raises:
             SandboxStartError: no cluster configuration, or the pods could not be listed (what to do is said).
         """
-        wanted = {PROJECT_LABEL: PROJECT, ROLE_LABEL: SANDBOX_ROLE, **reap_selector(evaluation_id, worker)}
+        wanted = {PROJECT_LABEL: PROJECT, ROLE_LABEL: PURPOSE_ROLES[purpose], **reap_selector(evaluation_id, worker)}
         try:
             response = self.core.list_namespaced_pod(
                 self.namespace,

@@ -80,7 +80,19 @@ from services.sandbox.base import (
     TreeCollector,
     check_exec,
 )
-from services.sandbox.contract import WORKSPACE, SandboxHandle, reap_selector, sandbox_labels, sandbox_name
+from services.sandbox.contract import (
+    GRADING_LABELS,
+    PURPOSE_ROLES,
+    ROLE_LABEL,
+    SANDBOX_ROLE,
+    WORKSPACE,
+    SandboxHandle,
+    SandboxPurpose,
+    grading_name,
+    reap_selector,
+    sandbox_labels,
+    sandbox_name,
+)
 
 SANDBOX_DIR_PREFIX = "pbe-local-"
 """Every local sandbox's folder under the root starts with this, so ``reap`` finds them all."""
@@ -165,8 +177,11 @@ class LocalSandboxBackend(SandboxBackend):
                 message); the processes and the folder are removed before this is raised.
         """
         token = secrets.token_urlsafe(24)
-        name = sandbox_name(spec.evaluation_id, spec.task_index, spec.attempt)
-        labels = sandbox_labels(spec.evaluation_id, spec.task_index, spec.attempt, spec.worker)
+        if spec.purpose == "session":
+            name = sandbox_name(spec.evaluation_id, spec.task_index, spec.attempt)
+            labels = sandbox_labels(spec.evaluation_id, spec.task_index, spec.attempt, spec.worker)
+        else:  # the reference runs a gateway for every purpose: it isolates nothing, a grading's or a session's
+            name, labels = grading_name(), dict(GRADING_LABELS)
         _prune_children()
         if self.config_file is not None and not self.config_file.is_file():
             raise SandboxStartError(
@@ -409,7 +424,12 @@ class LocalSandboxBackend(SandboxBackend):
         self._destroy(layout, int(pid))
 
     def reap(
-        self, evaluation_id: str | None = None, older_than_s: float = 0.0, *, worker: str | None = None
+        self,
+        evaluation_id: str | None = None,
+        older_than_s: float = 0.0,
+        *,
+        worker: str | None = None,
+        purpose: SandboxPurpose = "session",
     ) -> list[str]:
         """Remove the sandboxes under this backend's root (of one evaluation, or all; of one worker, or any's)
         made more than ``older_than_s`` seconds ago, killing their processes; return their names. Never raises."""
@@ -425,6 +445,9 @@ class LocalSandboxBackend(SandboxBackend):
             if meta is None or folder.is_symlink():
                 continue
             labels = meta.get("labels")
+            role = labels.get(ROLE_LABEL, SANDBOX_ROLE) if isinstance(labels, dict) else SANDBOX_ROLE
+            if role != PURPOSE_ROLES[purpose]:
+                continue
             wanted = reap_selector(evaluation_id, worker)
             if wanted and (not isinstance(labels, dict) or any(labels.get(k) != v for k, v in wanted.items())):
                 continue
