@@ -39,7 +39,6 @@ from rq.serializers import JSONSerializer
 
 from services.evaluation import TaskState
 from services.lifecycle import MAX_REQUEUES, TaskLifecycle
-from services.metrics import build_results
 from services.queues import (
     GradeJob,
     SessionJob,
@@ -50,6 +49,7 @@ from services.queues import (
     session_job_id,
 )
 from services.retention import RetentionPolicy, expire_old
+from services.scores import build_results
 from services.state import EvaluationNotFoundError
 from services.store import ArtifactStore
 from services.suite import Suite

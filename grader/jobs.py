@@ -29,10 +29,10 @@ from services.evaluation import Evaluation
 from services.lifecycle import TaskLifecycle
 from services.logs import log_context
 from services.manifest import service_version
-from services.metrics import build_results
 from services.netguard import EgressPolicy
 from services.queues import GradeJob
 from services.sandbox.grading_backends import file_check_backend
+from services.scores import build_results
 from services.secretbox import SecretBox
 from services.state import StateStore
 from services.store import ArtifactStore

@@ -23,9 +23,9 @@ from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from services.apikeys import ApiKeyStore
 from services.lifecycle import TaskLifecycle
-from services.metrics import build_results
 from services.queues import SESSIONS_QUEUE
 from services.retention import MIB, RetentionPolicy, expire_old, storage_used
+from services.scores import build_results
 from services.state import StateStore
 from services.store import EXPIRED_MARKER, ArtifactStore
 from services.suite import load_suite

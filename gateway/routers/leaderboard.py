@@ -19,7 +19,7 @@ from gateway.deps import StateDep
 from services.comparison import Outcomes, outcomes
 from services.estimates import compare, estimate
 from services.evaluation import Evaluation, EvaluationStatus
-from services.metrics import compute_metrics
+from services.scores import compute_metrics
 
 router = APIRouter(prefix="/v1/leaderboard", tags=["leaderboard"])
 

@@ -1,4 +1,5 @@
-"""PyBench's figures over a list of verdicts: pass rates overall and per paper category, average turns.
+"""PyBench's scores over a list of verdicts: pass rates overall and per paper category, average turns, tokens
+and cost (not the Prometheus series: those are ``services.monitoring``).
 
 Each pass rate comes twice: over every task of the evaluation, as the benchmark divides by all 143
 (unavailable, ungradable and infra-failed tasks count as not passed, their counts beside it), and over the
