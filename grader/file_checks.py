@@ -299,8 +299,12 @@ GRADING_SANDBOX_VARIABLE = "PBE_GRADING_SANDBOX"
 SANDBOX_UID = 1000
 """The sandbox user (``services.sandbox.contract.SANDBOX_UID``; the checker runs on the image's Python alone)."""
 
-SLEEPER = b"sleep\0infinity\0"
-"""The command line of a grading sandbox's process 1 (it only keeps the sandbox up)."""
+
+def _is_sleeper(cmdline: bytes) -> bool:
+    """Whether ``cmdline`` (``/proc/<pid>/cmdline``) is a grading sandbox's process 1: ``sleep <seconds>``, which only
+    keeps the sandbox up (``services.sandbox.contract.UNATTENDED_LIFETIME_S``)."""
+    parts = cmdline.split(b"\0")
+    return len(parts) == 3 and parts[0] == b"sleep" and parts[1].isdigit() and parts[2] == b""
 
 
 def _in_grading_sandbox() -> bool:
@@ -313,7 +317,7 @@ def _in_grading_sandbox() -> bool:
     if os.environ.get(GRADING_SANDBOX_VARIABLE) != "1" or os.getuid() != SANDBOX_UID:
         return False
     try:
-        return Path("/proc/1/cmdline").read_bytes() == SLEEPER
+        return _is_sleeper(Path("/proc/1/cmdline").read_bytes())
     except OSError:
         return False
 

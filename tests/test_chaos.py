@@ -76,7 +76,8 @@ def stack(suite_path: Path) -> Iterator[Stack]:
     # A grader killed between creating its grading sandbox and removing it leaves it behind, as a crash would:
     # `make reap` is the operator's safety net; here the suite removes what its own killed graders left.
     engine = docker.from_env()
-    for kind, name in set(sandbox_objects(**{ROLE_LABEL: GRADING_ROLE})) - grading_before:
+    left = set(sandbox_objects(**{ROLE_LABEL: GRADING_ROLE})) - grading_before
+    for kind, name in sorted(left, key=lambda item: item[0] != "container"):  # a volume goes once its container has
         with contextlib.suppress(docker.errors.NotFound):
             if kind == "container":
                 engine.containers.get(name).remove(force=True)

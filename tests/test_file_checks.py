@@ -665,3 +665,13 @@ def test_only_a_well_formed_result_line_is_believed() -> None:
         assert parse_results(garbage, checks) is None
     refused = parse_results(b'{"error": "bad request: KeyError"}', checks)
     assert refused is not None and all(r.passed is False and "refused the request" in r.detail for r in refused)
+
+
+def test_the_checker_ends_strays_only_inside_a_grading_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its process 1 must be the grading sandbox's sleeper, and the flag and the sandbox user must be there too:
+    on a host (this one) ending every other process would end the host's."""
+    assert file_checks._is_sleeper(b"sleep\x003600\x00")
+    for other in (b"sleep\x00infinity\x00", b"/sbin/init\x00", b"sleep\x00", b"sleep\x003600\x00x\x00", b""):
+        assert not file_checks._is_sleeper(other)
+    monkeypatch.setenv(file_checks.GRADING_SANDBOX_VARIABLE, "1")
+    assert not file_checks._in_grading_sandbox()

@@ -67,6 +67,10 @@ WORKER_LABEL = f"{SANDBOX_LABEL_PREFIX}.worker"
 SANDBOX_ROLE = "sandbox"
 """The role of a task session's sandbox."""
 
+UNATTENDED_LIFETIME_S = 3600
+"""A sandbox with nothing to serve (a grading's: its process 1 only sleeps) ends by itself after this long, should the
+process that started it die before it stops it (a grading's checks take a minute at most); ``reap`` removes it."""
+
 GRADING_ROLE = "grading-sandbox"
 """The role of a grading sandbox (the container that opens produced files for the checks) and its volume."""
 

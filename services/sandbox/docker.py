@@ -60,6 +60,7 @@ from services.sandbox.contract import (
     ROLE_LABEL,
     SANDBOX_HOME,
     SANDBOX_UID,
+    UNATTENDED_LIFETIME_S,
     WORKSPACE,
     RuntimeVolumeMode,
     SandboxHandle,
@@ -183,8 +184,10 @@ class DockerSandboxBackend(SandboxBackend):
                 entrypoint, user, cap_add = [_CONFINE_ENTRYPOINT, self.peer_address()], "0:0", _CONFINE_CAPABILITIES
                 network: dict[str, Any] = {"network": self.network, "dns": ["127.0.0.1"]}
             else:
-                # Nothing to confine and nothing to serve: the sandbox user from the first instruction, asleep.
-                entrypoint, user, cap_add = ["sleep", "infinity"], f"{SANDBOX_UID}:{SANDBOX_UID}", ()
+                # Nothing to confine and nothing to serve: the sandbox user from the first instruction, asleep (for
+                # a bounded time: a grader killed mid-grading leaves a box that stops by itself).
+                entrypoint = ["sleep", str(UNATTENDED_LIFETIME_S)]
+                user, cap_add = f"{SANDBOX_UID}:{SANDBOX_UID}", ()
                 network = {"network_mode": "none", "network_disabled": True}
             image, runtime_mounts = self.runtime.mounts(spec.image)
             self.client.volumes.create(

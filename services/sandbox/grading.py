@@ -61,7 +61,6 @@ FILES_FOLDER = "workspace"
 """Where the session's files go in a grading's tree (beside the checker's scripts), and the checks run."""
 
 CHECKER_ENVIRONMENT = {
-    "PBE_GRADING_SANDBOX": "1",  # with its uid and process 1, tells the checker it may end what a pickle left
     "HOME": "/tmp",
     "MPLCONFIGDIR": "/tmp/matplotlib",
     "OMP_NUM_THREADS": "1",
@@ -92,7 +91,10 @@ def grading_spec(image: str = DEFAULT_SANDBOX_IMAGE, files_bytes: int = 0) -> Sa
 def checker_command(checker: str, request: str, root: str | None = None) -> list[str]:
     """The argv that runs the ``checker`` script on ``request`` with the image's Python and ``CHECKER_ENVIRONMENT``
     (in the folder ``root`` when given)."""
-    environment = [f"{key}={value}" for key, value in CHECKER_ENVIRONMENT.items()]
+    # An exec is not the box's process 1: the flag (with its uid and the sleeper as process 1) tells the checker it
+    # may end what a pickle left running.
+    exec_environment = {**CHECKER_ENVIRONMENT, "PBE_GRADING_SANDBOX": "1"}
+    environment = [f"{key}={value}" for key, value in exec_environment.items()]
     run = ["env", *environment, SANDBOX_PYTHON, "-I", "-B", checker, request]
     return ["sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", root, *run] if root else run
 
