@@ -26,6 +26,7 @@ COPY services /app/services
 COPY gateway /app/gateway
 COPY executor /app/executor
 COPY grader /app/grader
+COPY replay /app/replay
 WORKDIR /app
 # The gateway, the grader and the replay model run as the unprivileged user; the executor worker runs as
 # root in its container only because it needs the Docker socket (compose sets `user:` per service).

@@ -132,7 +132,7 @@ bench-dashboard: $(VENV)/.installed-dev ## Dashboard server time: a 143-task eva
 	$(PY) scripts/bench_dashboard.py --suite $(PBE_SUITE_DIR)
 
 lint: $(VENV)/.installed-dev ## ruff and mypy
-	$(PY) -m ruff check services gateway executor grader tests scripts
+	$(PY) -m ruff check services gateway executor grader replay tests scripts
 	$(PY) -m mypy
 
 REAP_AGE ?= 0

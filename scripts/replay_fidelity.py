@@ -33,9 +33,9 @@ import docker.client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from executor.replay.server import create_app  # noqa: E402
 from executor.session import run_task_session  # noqa: E402
 from executor.settings import ExecutorSettings  # noqa: E402
+from replay.server import create_app  # noqa: E402
 from services.endpoint import EndpointClient  # noqa: E402
 from services.evaluation import Evaluation, ModelEndpoint, Sampling  # noqa: E402
 from services.pybench import ERROR_PREAMBLE, interpreter_output, is_interpreter_message  # noqa: E402

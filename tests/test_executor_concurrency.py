@@ -13,7 +13,7 @@ import httpx
 import pytest
 from redis import Redis
 
-from executor.replay.server import create_app
+from replay.server import create_app
 from services.evaluation import TaskState
 from services.lifecycle import TaskLifecycle
 from services.store import ArtifactStore

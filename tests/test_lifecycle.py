@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from executor.replay.server import create_app
+from replay.server import create_app
 from services.evaluation import TaskState
 from services.lifecycle import DEFAULT_RETRY_DELAY_S, MAX_ATTEMPTS, TaskLifecycle, session_retryable
 from services.queues import (

@@ -6,8 +6,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from executor.replay.recordings import load_recordings
-from executor.replay.server import END_OF_RECORDING, SEED_GIVES_UP, create_app
+from replay.recordings import load_recordings
+from replay.server import END_OF_RECORDING, SEED_GIVES_UP, create_app
 from services.endpoint import EndpointClient
 from services.errors import ConfigurationError, ModelResponseError
 from services.extraction import extract_code

@@ -18,9 +18,9 @@ from redis import Redis
 
 from executor.calls import SessionModel
 from executor.jobs import execute_session
-from executor.replay.server import create_app
 from executor.settings import ExecutorSettings
 from grader.grading import grade
+from replay.server import create_app
 from services.endpoint import Completion, EndpointClient
 from services.evaluation import Budgets, Evaluation, EvaluationCreate, ModelEndpoint, Prices, Sampling
 from services.lifecycle import TaskLifecycle

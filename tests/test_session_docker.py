@@ -15,7 +15,7 @@ from rq.serializers import JSONSerializer
 
 from executor.jobs import execute_session
 from executor.messages import INTERPRETER_PREFIX, opening_messages
-from executor.replay.server import create_app
+from replay.server import create_app
 from services.evaluation import Evaluation, ModelEndpoint, Sampling, TaskState
 from services.lifecycle import TaskLifecycle
 from services.queues import GRADING_QUEUE, GradeJob, SessionJob, grade_job_id

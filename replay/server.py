@@ -8,7 +8,7 @@ without code, so an agent loop stops. It is stateless: any number of sessions ma
 Use: re-execute a published trajectory file through the real sandboxes (the code is run again; only the
 model's words are replayed), and a model that answers at once for the demo and the tests::
 
-    python -m executor.replay.server --trajectories ../shared/pybench/trajectory.jsonl --port 8000
+    python -m replay.server --trajectories ../shared/pybench/trajectory.jsonl --port 8000
 
 ``--latency S`` (or ``PBE_REPLAY_LATENCY_S``) makes every answer take S seconds, like a served model under load,
 without holding a thread. ``GET /stats`` says how many requests it answered and the most it had in flight at once
@@ -33,7 +33,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from executor.replay.recordings import Recordings, load_recordings
+from replay.recordings import Recordings, load_recordings
 from services.pybench import task_query
 
 DEFAULT_MODEL_NAME = "pybench-replay"
