@@ -12,10 +12,9 @@ from typing import Any
 from redis import Redis
 
 from executor.calls import SessionModel
-from executor.pool import WarmPool
+from executor.pool import SESSION_POOL, WarmPool
 from executor.session import SessionResult, key_lost, run_task_session
 from executor.settings import ExecutorSettings
-from executor.worker import current_pool
 from services.endpoint import EndpointClient
 from services.evaluation import Evaluation
 from services.lifecycle import TaskLifecycle
@@ -150,12 +149,13 @@ def _run(
 
 
 def run_session(payload: dict[str, Any]) -> dict[str, Any]:
-    """RQ entry point (``services.queues.RUN_SESSION_JOB``): validate the payload and run the session."""
+    """RQ entry point (``services.queues.RUN_SESSION_JOB``): validate the payload and run the session, with a
+    sandbox from the warm pool the worker handed this thread (``executor.pool.SESSION_POOL``) when there is one."""
     job = SessionJob.model_validate(payload)
     settings = ExecutorSettings()
     redis = settings.redis()
     try:
-        pool = current_pool()
+        pool = SESSION_POOL.get()
         backend = pool.backend if pool is not None else get_backend(settings)
         with log_context(evaluation=job.evaluation_id, task=job.task_index, attempt=job.attempt):
             return execute_session(job, settings=settings, redis=redis, backend=backend, pool=pool)

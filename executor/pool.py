@@ -14,6 +14,7 @@ work (``executor.worker``), and ``reap`` removes any by age.
 """
 
 import contextlib
+import contextvars
 import logging
 import threading
 import time
@@ -236,3 +237,9 @@ def discard(backend: SandboxBackend, sandbox: WarmSandbox) -> None:
     with contextlib.suppress(SandboxError):
         sandbox.kernel.close(shutdown=False)
     backend.stop(sandbox.handle)
+
+
+SESSION_POOL: contextvars.ContextVar[WarmPool | None] = contextvars.ContextVar("pbe_session_pool", default=None)
+"""The warm pool a session job takes its sandbox from. The worker that owns the pool (``executor.worker``) sets it
+in each session's thread before running the job; elsewhere (a plain rq worker, a test calling the job) it is
+unset and the job starts its own sandbox."""

@@ -4,7 +4,8 @@ A session spends its time waiting on the model and on the kernel, so one process
 ``ExecutorWorker`` takes a job from the queue whenever one of its ``PBE_SESSIONS_PER_WORKER`` slots is free and
 runs it in a thread of its own (RQ's own job bookkeeping, one execution record per job; timeouts by timer, as
 signals reach only the main thread). It owns the process's ``WarmPool`` (``PBE_WARM_POOL_SIZE`` sandboxes
-kept ready), filled when the worker starts and emptied when it stops.
+kept ready), filled when the worker starts and emptied when it stops, and hands it to each session's thread
+(``executor.pool.SESSION_POOL``, a context variable the job reads): no module holds it.
 
 What keeps it honest when things break:
 
@@ -40,7 +41,7 @@ from rq.queue import Queue
 from rq.timeouts import TimerDeathPenalty
 from rq.worker import SimpleWorker, WorkerStatus
 
-from executor.pool import POOL_EVALUATION, WarmPool
+from executor.pool import POOL_EVALUATION, SESSION_POOL, WarmPool
 from executor.settings import ExecutorSettings
 from services.components import SANDBOX_IMAGE, advertise
 from services.liveness import DEFAULT_HEARTBEAT_INTERVAL_S, ShortHeartbeat
@@ -53,39 +54,20 @@ from services.settings import redis_retry
 
 log = logging.getLogger(__name__)
 
-_pool: WarmPool | None = None
 
-
-def current_pool() -> WarmPool | None:
-    """The process's warm pool, when this process is an ``ExecutorWorker`` with the pool on."""
-    return _pool
-
-
-def open_pool(settings: ExecutorSettings, backend: SandboxBackend | None = None) -> WarmPool | None:
-    """Create the process's warm pool (if ``PBE_WARM_POOL`` is on) and start filling it.
-
-    Raises:
-        ConfigurationError: the sandbox backend is unknown.
-    """
-    global _pool
-    if _pool is None and settings.WARM_POOL:
-        _pool = WarmPool(
-            backend or get_backend(settings),
-            settings.sandbox_spec(POOL_EVALUATION, 0, 0),
-            size=settings.WARM_POOL_SIZE,
-            starts=settings.WARM_POOL_STARTS,
-            imports=settings.warm_imports,
-        )
-        _pool.fill()
-    return _pool
-
-
-def close_pool() -> None:
-    """Remove the pool's ready sandboxes and stop filling it."""
-    global _pool
-    if _pool is not None:
-        _pool.close()
-        _pool = None
+def open_pool(settings: ExecutorSettings, backend: SandboxBackend) -> WarmPool | None:
+    """The process's warm pool (when ``PBE_WARM_POOL`` is on), filling; None when it is off."""
+    if not settings.WARM_POOL:
+        return None
+    pool = WarmPool(
+        backend,
+        settings.sandbox_spec(POOL_EVALUATION, 0, 0),
+        size=settings.WARM_POOL_SIZE,
+        starts=settings.WARM_POOL_STARTS,
+        imports=settings.warm_imports,
+    )
+    pool.fill()
+    return pool
 
 
 DEFAULT_DEQUEUE_WAIT_S = 2
@@ -129,7 +111,7 @@ class ExecutorWorker(ProjectJobsOnly, ShortHeartbeat, SimpleWorker):
             lambda: advertise(self.connection, {SANDBOX_IMAGE: backend.image_reference(settings.SANDBOX_IMAGE)})
         )
         self._install_signal_handlers()  # type: ignore[no-untyped-call]
-        pool = open_pool(settings, backend)
+        self._pool = open_pool(settings, backend)
         stop = threading.Event()
         beat = threading.Thread(target=self._beat, args=(stop,), name="pbe-heartbeat", daemon=True)
         beat.start()
@@ -140,8 +122,8 @@ class ExecutorWorker(ProjectJobsOnly, ShortHeartbeat, SimpleWorker):
             self._drain()  # a second stop signal (SystemExit) leaves without waiting
         finally:
             stop.set()
-            if pool is not None:
-                close_pool()
+            if self._pool is not None:
+                self._pool.close()
             self._quietly(self.teardown)
         return taken > 0
 
@@ -196,6 +178,8 @@ class ExecutorWorker(ProjectJobsOnly, ShortHeartbeat, SimpleWorker):
         thread.start()
 
     def _perform(self, job: Job, queue: Queue, execution: Any) -> None:
+        """The session's thread: hand it the warm pool (``SESSION_POOL``), run the job through RQ's bookkeeping."""
+        SESSION_POOL.set(self._pool)
         SESSIONS_IN_FLIGHT.inc()
         try:
             self.perform_job(job, queue, execution)

@@ -93,8 +93,13 @@ def test_one_worker_runs_sessions_at_once_up_to_each_evaluations_max_concurrency
     assert 2 <= load["peak_in_flight"] <= 6, load
     assert finished_at["conc2"] < finished_at["conc1"], "the later evaluation waited for all of the earlier one"
     store = ArtifactStore(tmp_path / "artifacts")
-    for index in TASKS:
-        trajectory = store.get_trajectory("conc1", index, 1)
+    trajectories = [store.get_trajectory("conc1", index, 1) for index in TASKS]
+    for trajectory in trajectories:
         assert trajectory.assistant_turns >= 1 and trajectory.end_reason.value != "sandbox_error"
+    # the worker hands its warm pool to each session's thread (executor.pool.SESSION_POOL): the first sessions
+    # take the two sandboxes it started ahead
+    assert any(t.session is not None and t.session.warm for t in trajectories), (
+        "no session took a sandbox from the warm pool"
+    )
     assert worker.returncode == 0, "the worker did not stop gracefully on SIGTERM"
     assert not list((tmp_path / "sandboxes").glob("pbe-*")), "a sandbox was left behind"
