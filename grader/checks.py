@@ -2,8 +2,8 @@
 
 Task checks are data (``checks.json`` of the suite): ``{"kind": "file_exists", "paths": [...]}``. The kinds
 here never open a produced file; every other kind does, and runs in a grading sandbox
-(``grader.file_checks`` inside a container, driven by ``services.sandbox.grading_docker``). Malformed parameters give a
-failed check with the reason. No check raises.
+(``grader.file_checks`` inside a container or pod, driven by ``services.sandbox.grading``). Malformed parameters
+give a failed check with the reason. No check raises.
 """
 
 from collections.abc import Callable

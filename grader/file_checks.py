@@ -1,9 +1,9 @@
 """The checks that open produced files, one small function per kind. They run inside a grading sandbox.
 
 Loading an agent's pickle runs the agent's code, and parsing its files is the grader's largest attack
-surface, so these checks never run in the grader's process: ``services.sandbox.grading_docker`` copies this file into a
-fresh container of the sandbox image (which has the scientific stack the tasks used) and runs it as
-``python file_checks.py request.json``. Only the standard library is imported at module level; each kind
+surface, so these checks never run in the grader's process: ``services.sandbox.grading`` copies this file into a
+fresh grading sandbox of the sandbox image (which has the scientific stack the tasks used; a container or a pod)
+and runs it as ``python file_checks.py request.json``. Only the standard library is imported at module level; each kind
 imports what it needs (pandas, PIL, numpy, cv2, mutagen, pydub) when it runs.
 
 A check is data: ``{"kind": "csv_no_nulls", "path": "./output/4.csv"}``. Paths are relative to the root the

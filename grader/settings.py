@@ -18,8 +18,8 @@ class GraderSettings(ServiceSettings):
     GRADING_TIMEOUT_S: float = 120.0
     """How long the checks of one session may run in their sandbox before it is killed (they then fail)."""
     GRADING_BACKEND: Literal["docker", "kubernetes"] = "docker"
-    """Where grading sandboxes run: ``docker`` (a container of the Docker backend, ``services.sandbox.grading``) or
-    ``kubernetes`` (a pod, ``services.sandbox.grading_pods``)."""
+    """Where grading sandboxes run (``services.sandbox.grading`` on the backend it names): ``docker`` (a container)
+    or ``kubernetes`` (a pod)."""
     K8S_NAMESPACE: str = DEFAULT_K8S_NAMESPACE
     """The namespace of the grading pods (the session sandboxes' namespace)."""
     K8S_RUNTIME_CLASS: str = ""

@@ -1,4 +1,4 @@
-"""The kubernetes sandbox backends (the executor's session pods, the grader's grading pods) against a FAKE
+"""The kubernetes sandbox backend (the executor's session pods, the grader's grading pods) against a FAKE
 Kubernetes API server (``tests.fake_kube_api``: there is no cluster here), whose exec really runs tar and the
 checker against a folder per pod, and whose running session pods are played by real kernel gateways.
 
@@ -25,9 +25,9 @@ from executor.settings import ExecutorSettings
 from grader.file_checks import checker_sources
 from grader.settings import GraderSettings
 from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
-from services.sandbox import grading_pods
+from services.sandbox import grading
 from services.sandbox.base import EXEC_TIMEOUT_STATUS, SandboxSpec
-from services.sandbox.contract import SandboxHandle
+from services.sandbox.contract import UNATTENDED_LIFETIME_S, SandboxHandle
 from services.sandbox.grading_backends import file_check_backend
 from services.sandbox.k8s_pods import DEFAULT_NAMESPACE
 from services.sandbox.kubernetes import KubernetesSandboxBackend
@@ -475,7 +475,7 @@ def test_reap_by_evaluation_by_worker_and_by_age(fake: FakeKubeAPI, backend: Kub
     assert not any(name in left for name in pods.values())
     selectors = [r.query.get("labelSelector", [""])[0] for r in fake.requests_to("GET", "/pods")]
     assert any("pybench-eval.evaluation=reap-a" in s and "pybench-eval.role=sandbox" in s for s in selectors)
-    assert grading_pods.reap(configuration=configuration(fake.url)) == ["pbe-grd-leftover"]
+    assert backend.reap(purpose="grading") == ["pbe-grd-leftover"]
     backend.reap(evaluation_id="reap-c")
 
 
@@ -517,9 +517,11 @@ def test_the_registry_and_the_grader_settings_choose_kubernetes(monkeypatch: pyt
     assert GraderSettings().GRADING_BACKEND == "docker"
     monkeypatch.setenv("PBE_GRADING_BACKEND", "kubernetes")
     runner = file_check_backend(GraderSettings(), CHECKER)
-    assert getattr(runner, "func", None) is grading_pods.run_file_checks
-    keywords = {"checker": CHECKER, "namespace": "elsewhere", "runtime_class": "gvisor"}
-    assert getattr(runner, "keywords", {}) == keywords
+    assert getattr(runner, "func", None) is grading.run_file_checks
+    [chosen] = getattr(runner, "args", ())
+    assert isinstance(chosen, KubernetesSandboxBackend)
+    assert (chosen.namespace, chosen.runtime_class) == ("elsewhere", "gvisor")
+    assert getattr(runner, "keywords", {}) == {"checker": CHECKER}
 
 
 # --- grading pods -------------------------------------------------------------------------------------------
@@ -530,26 +532,29 @@ class _SlowToLoad:
         return (time.sleep, (30,))
 
 
-def test_grading_pod_runs_real_checks_on_the_files_and_is_deleted(fake: FakeKubeAPI) -> None:
+def test_grading_pod_runs_real_checks_on_the_files_and_is_deleted(
+    fake: FakeKubeAPI, backend: KubernetesSandboxBackend
+) -> None:
     checks = [
         {"kind": "pickle_loads", "path": "./output/model.pkl"},
         {"kind": "dir_has_ext", "dir": "./output/images", "ext": ".png"},
         {"kind": "dir_exists", "path": "./output/never-made"},
+        {"kind": "dir_exists", "path": "./output/empty"},
         {"kind": "no-such-kind"},
     ]
     files = {
+        "output/empty/": b"",
         "output/model.pkl": pickle.dumps({"weights": [1, 2, 3]}),
         "output/images/a.png": b"\x89PNG",
         "../escape.txt": b"left out",
     }
     before = set(fake.pod_names())
-    results = grading_pods.run_file_checks(
-        checks, files, checker=CHECKER, timeout_s=60, configuration=configuration(fake.url)
-    )
+    results = grading.run_file_checks(backend, checks, files, checker=CHECKER, timeout_s=60)
     assert [(r.kind, r.passed) for r in results] == [
         ("pickle_loads", True),
         ("dir_has_ext", True),
         ("dir_exists", False),
+        ("dir_exists", True),
         ("no-such-kind", None),
     ]
     assert "builtins.dict" in results[0].detail and "a.png" in results[1].detail
@@ -566,39 +571,33 @@ def test_grading_pod_runs_real_checks_on_the_files_and_is_deleted(fake: FakeKube
     assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "grading-sandbox"
     assert pod["metadata"]["labels"]["pybench-eval.role"] == "grading-sandbox"
     assert pod["spec"]["automountServiceAccountToken"] is False and pod["spec"]["enableServiceLinks"] is False
-    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/grading", "/tmp"}
-    assert [e["name"] for e in container["env"]] == sorted(
-        ["HOME", "MPLCONFIGDIR", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"]
-    )
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/workspace", "/tmp", "/home/sandbox"}
+    assert container["workingDir"] == "/workspace"
+    # nothing of the grader's, nor a token: the checker's few variables are its exec's argv
+    assert container["env"] == []
+    # the memory-backed workspace counts against the pod's memory: added to the grading's limit
+    assert container["resources"]["limits"]["memory"] == f"{grading.DEFAULT_MEMORY_MB + grading.DEFAULT_SPARE_MB}Mi"
+    assert pod["spec"]["activeDeadlineSeconds"] == UNATTENDED_LIFETIME_S == int(container["command"][1])
 
 
-def test_a_grading_that_outlives_its_time_fails_its_checks_and_the_pod_is_deleted(fake: FakeKubeAPI) -> None:
+def test_a_grading_that_outlives_its_time_fails_its_checks_and_the_pod_is_deleted(
+    fake: FakeKubeAPI, backend: KubernetesSandboxBackend
+) -> None:
     checks = [{"kind": "pickle_loads", "path": "./output/slow.pkl"}]
     started_at = time.monotonic()
-    results = grading_pods.run_file_checks(
-        checks,
-        {"output/slow.pkl": pickle.dumps(_SlowToLoad())},
-        checker=CHECKER,
-        timeout_s=2,
-        configuration=configuration(fake.url),
-    )
+    slow = {"output/slow.pkl": pickle.dumps(_SlowToLoad())}
+    results = grading.run_file_checks(backend, checks, slow, checker=CHECKER, timeout_s=2)
     assert [(r.passed, r.detail) for r in results] == [(False, "grading sandbox timed out after 2 s")]
     assert time.monotonic() - started_at < 15
     assert not any(name.startswith("pbe-grd-") for name in fake.pod_names())
 
 
-def test_a_grading_pod_the_api_refuses_raises_start_error(fake: FakeKubeAPI) -> None:
+def test_a_grading_pod_the_api_refuses_raises_start_error(fake: FakeKubeAPI, backend: KubernetesSandboxBackend) -> None:
+    checks = [{"kind": "dir_exists", "path": "./output"}]
+    forbidden = KubernetesSandboxBackend("forbidden-sandboxes", configuration=configuration(fake.url))
     with pytest.raises(SandboxStartError, match="forbidden"):
-        grading_pods.run_file_checks(
-            [{"kind": "dir_exists", "path": "./output"}],
-            {},
-            checker=CHECKER,
-            namespace="forbidden-sandboxes",
-            configuration=configuration(fake.url),
-        )
+        grading.run_file_checks(forbidden, checks, {}, checker=CHECKER)
     fake.fail_pods["pbe-grd-"] = "OOMKilled"
     with pytest.raises(SandboxStartError, match="did not start"):
-        grading_pods.run_file_checks(
-            [{"kind": "dir_exists", "path": "./output"}], {}, checker=CHECKER, configuration=configuration(fake.url)
-        )
+        grading.run_file_checks(backend, checks, {}, checker=CHECKER)
     assert not any(name.startswith("pbe-grd-") for name in fake.pod_names())

@@ -8,9 +8,9 @@
   driver is FUSE; ``docker_errors``: the engine's errors as one tuple.
 - ``k8s_client`` and ``k8s_pods``: the Kubernetes client code and the hardened pod manifest.
 - ``grading``: a grading as one use of a backend (start a grading sandbox, put the checker and the files in,
-  ``exec`` the checker, read its answer, stop); ``grading_docker`` runs it on the Docker backend,
-  ``grading_pods`` still runs a pod of its own on Kubernetes; ``grading_backends`` picks one by
-  ``PBE_GRADING_BACKEND``.
+  ``exec`` the checker, read its answer, stop), the same on every backend; ``grading_backends`` picks the backend
+  by ``PBE_GRADING_BACKEND`` (Docker or Kubernetes); ``grading_docker`` is the Docker one's shorthand for tests and
+  benchmarks.
 - ``image/``: the sandbox image the backends run.
 
 Each backend imports its SDK (``docker``, ``kubernetes``) only when it is chosen.

@@ -1,18 +1,19 @@
-"""Where grading sandboxes run, by the grader's ``PBE_GRADING_BACKEND``: a container on Docker
-(``services.sandbox.grading`` through the ``DockerSandboxBackend``) or a pod on Kubernetes
-(``services.sandbox.grading_pods``). Each imports its SDK only when chosen."""
+"""Where grading sandboxes run, by the grader's ``PBE_GRADING_BACKEND``: the ``SandboxBackend`` it names (a
+container on Docker, a pod on Kubernetes), used the one way ``services.sandbox.grading`` uses any backend. Each
+backend imports its SDK only when chosen."""
 
 import functools
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from services.sandbox import grading
 from services.sandbox.base import SandboxBackend
 from services.sandbox.contract import RuntimeVolumeMode
 from services.verdict import CheckResult
 
 
 class FileCheckBackend(Protocol):
-    """``run_file_checks`` of either backend: the checks, the files, the image and the time the checks may take."""
+    """``run_file_checks`` on the chosen backend: the checks, the files, the image and the time the checks may take."""
 
     def __call__(
         self, checks: list[dict[str, Any]], files: dict[str, bytes], *, image: str, timeout_s: float
@@ -35,36 +36,24 @@ class GradingBackendSettings(Protocol):
     def SANDBOX_RUNTIME_VOLUME(self) -> RuntimeVolumeMode: ...
 
 
-def file_check_backend(settings: GradingBackendSettings, checker: Mapping[str, bytes]) -> FileCheckBackend:
-    """The ``run_file_checks`` of the backend ``settings`` name, running ``checker`` (the checker's scripts)."""
+def grading_backend(settings: GradingBackendSettings) -> SandboxBackend:
+    """The sandbox backend ``settings`` name for gradings (``PBE_GRADING_BACKEND``: docker or kubernetes)."""
     if settings.GRADING_BACKEND == "kubernetes":
-        from services.sandbox import grading_pods
+        from services.sandbox.kubernetes import KubernetesSandboxBackend
 
-        runner: FileCheckBackend = functools.partial(
-            grading_pods.run_file_checks,
-            checker=checker,
-            namespace=settings.K8S_NAMESPACE,
-            runtime_class=settings.K8S_RUNTIME_CLASS or None,
-        )
-        return runner
-    from services.sandbox import grading_docker
+        return KubernetesSandboxBackend(settings.K8S_NAMESPACE, settings.K8S_RUNTIME_CLASS or None)
+    from services.sandbox.docker import DockerSandboxBackend
 
-    docker_runner: FileCheckBackend = functools.partial(
-        grading_docker.run_file_checks, checker=checker, runtime_volume=settings.SANDBOX_RUNTIME_VOLUME
-    )
-    return docker_runner
+    return DockerSandboxBackend(runtime_volume=settings.SANDBOX_RUNTIME_VOLUME)
+
+
+def file_check_backend(settings: GradingBackendSettings, checker: Mapping[str, bytes]) -> FileCheckBackend:
+    """``grading.run_file_checks`` on the backend ``settings`` name, running ``checker`` (the checker's scripts)."""
+    runner: FileCheckBackend = functools.partial(grading.run_file_checks, grading_backend(settings), checker=checker)
+    return runner
 
 
 def reap_grading_sandboxes(older_than_s: float, settings: GradingBackendSettings) -> list[str]:
     """Remove the grading sandboxes (containers or pods, by ``PBE_GRADING_BACKEND``) a killed grader left, older
     than ``older_than_s``, with the backend's own ``reap``; returns their names."""
-    backend: SandboxBackend
-    if settings.GRADING_BACKEND == "kubernetes":
-        from services.sandbox.kubernetes import KubernetesSandboxBackend
-
-        backend = KubernetesSandboxBackend(namespace=settings.K8S_NAMESPACE)
-    else:
-        from services.sandbox.docker import DockerSandboxBackend
-
-        backend = DockerSandboxBackend(runtime_volume=settings.SANDBOX_RUNTIME_VOLUME)
-    return backend.reap(older_than_s=older_than_s, purpose="grading")
+    return grading_backend(settings).reap(older_than_s=older_than_s, purpose="grading")

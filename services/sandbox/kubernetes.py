@@ -1,4 +1,5 @@
-"""The Kubernetes backend: one pod per session, from the sandbox image, in the sandboxes' namespace.
+"""The Kubernetes backend: one pod per sandbox (a session's or a grading's), from the sandbox image, in the
+sandboxes' namespace.
 
 Each pod is hardened as the Docker sandboxes are (``services.sandbox.k8s_pods``: user 1000, read-only root, every
 capability dropped, no privilege escalation, seccomp ``RuntimeDefault``, memory-backed size-capped ``emptyDir``
@@ -7,16 +8,23 @@ token, no service links, an active deadline; ``runtimeClassName`` when ``PBE_K8S
 runs the image's own program, the kernel gateway on port 8888, whose only variable from us is its token; the
 executor reaches it at the pod's IP (the namespace's NetworkPolicy lets only executor pods in, and nothing out).
 
+A grading's pod (``purpose="grading"``, ``services.sandbox.grading``) is hardened alike and runs no program of the
+image: it only sleeps (``UNATTENDED_LIFETIME_S`` at most, its active deadline too), listens on no port and holds no
+token; the checker is ``exec``'d into it. Its memory limit is the spec's plus its workspace's size, since the
+memory-backed workspace counts against it.
+
 Files go in and out through the ``pods/exec`` subresource, as tar over the exec stream (no shared volume):
-``put_file`` pipes a one-file archive into ``tar -x`` in ``/workspace``; ``get_tree`` reads ``tar -c`` of a
-folder as it streams and keeps what ``TreeCollector`` keeps.
+``put_file`` pipes a one-file archive into ``tar -x`` in ``/workspace``, ``put_tree`` a whole one; ``get_tree``
+reads ``tar -c`` of a folder as it streams and keeps what ``TreeCollector`` keeps.
 
 Pods carry the project's labels (``services.sandbox``) and the deployment's (``app.kubernetes.io/part-of``,
-``app.kubernetes.io/component: sandbox``); names start with ``pbe-sbx-``. ``reap`` deletes by label selector
-(evaluation, worker) and age.
+``app.kubernetes.io/component: sandbox`` or ``grading-sandbox``); names start with ``pbe-sbx-`` or ``pbe-grd-``.
+``reap`` deletes by purpose, label selector (evaluation, worker) and age.
 
 Known gaps beside the docker backend: no process limit of its own (Kubernetes has none per pod; the kubelet's
-``podPidsLimit`` applies), and the network rules are the namespace's NetworkPolicy, not the backend's.
+``podPidsLimit`` applies), the network rules are the namespace's NetworkPolicy, not the backend's, and exec runs
+as the pod's user, so the files put into a grading's pod belong to the user the checks run as (on Docker they
+belong to root): a check can change them, within the pod's own size cap.
 """
 
 import contextlib
@@ -55,15 +63,18 @@ from services.sandbox.base import (
 )
 from services.sandbox.contract import (
     DEFAULT_GATEWAY_PORT,
+    GRADING_LABELS,
     PROJECT,
     PROJECT_LABEL,
     PURPOSE_ROLES,
     ROLE_LABEL,
     SANDBOX_HOME,
     SANDBOX_UID,
+    UNATTENDED_LIFETIME_S,
     WORKSPACE,
     SandboxHandle,
     SandboxPurpose,
+    grading_name,
     reap_selector,
     sandbox_labels,
     sandbox_name,
@@ -71,6 +82,7 @@ from services.sandbox.contract import (
 from services.sandbox.k8s_pods import (
     CONTAINER_NAME,
     DEFAULT_NAMESPACE,
+    GRADING_COMPONENT,
     SESSION_COMPONENT,
     created_epoch,
     label_selector,
@@ -133,7 +145,23 @@ class KubernetesSandboxBackend(SandboxBackend):
             return self._core
 
     def pod_manifest(self, spec: SandboxSpec, name: str, token: str) -> dict[str, Any]:
-        """The pod a session sandbox of ``spec`` is, as sent to the API server."""
+        """The pod a sandbox of ``spec`` is, as sent to the API server: a session's serves its kernel gateway with
+        ``token``; a grading's only sleeps (see the module)."""
+        writable = {WORKSPACE: spec.workspace_mb, "/tmp": spec.tmp_mb, SANDBOX_HOME: spec.tmp_mb}
+        if spec.purpose == "grading":
+            return sandbox_pod(
+                name=name,
+                namespace=self.namespace,
+                image=spec.image,
+                labels=pod_labels(dict(GRADING_LABELS), GRADING_COMPONENT),
+                memory_mb=spec.memory_mb + spec.workspace_mb,
+                cpus=spec.cpus,
+                writable=writable,
+                active_deadline_s=UNATTENDED_LIFETIME_S,
+                command=["sleep", str(UNATTENDED_LIFETIME_S)],
+                runtime_class=self.runtime_class,
+                working_dir=WORKSPACE,
+            )
         labels = pod_labels(
             sandbox_labels(spec.evaluation_id, spec.task_index, spec.attempt, spec.worker), SESSION_COMPONENT
         )
@@ -144,7 +172,7 @@ class KubernetesSandboxBackend(SandboxBackend):
             labels=labels,
             memory_mb=spec.memory_mb,
             cpus=spec.cpus,
-            writable={WORKSPACE: spec.workspace_mb, "/tmp": spec.tmp_mb, SANDBOX_HOME: spec.tmp_mb},
+            writable=writable,
             active_deadline_s=self.active_deadline_s,
             env={"KG_AUTH_TOKEN": token},
             ports={"gateway": DEFAULT_GATEWAY_PORT},
@@ -186,19 +214,18 @@ class KubernetesSandboxBackend(SandboxBackend):
         return None
 
     def start(self, spec: SandboxSpec) -> SandboxHandle:
-        """Create the pod, watch it until it runs, wait until its kernel gateway answers at its IP.
+        """Create the pod and watch it until it runs; for a session, wait until its kernel gateway answers at its
+        IP.
 
         Raises:
             SandboxStartError: no cluster configuration; the API refused the pod (forbidden, no namespace) or
                 could not be reached; the pod failed, ended, was deleted or cannot pull its image while starting;
                 or it was not ready within ``spec.ready_timeout_s``. The pod is deleted before this is raised.
         """
-        if spec.purpose != "session":
-            # Not yet: a grading pod is ``services.sandbox.grading_pods``'s own (same manifest, ``k8s_pods``).
-            raise SandboxStartError("the Kubernetes backend starts session sandboxes only: gradings use grading_pods")
+        session = spec.purpose == "session"
         deadline = time.monotonic() + spec.ready_timeout_s
-        token = secrets.token_urlsafe(24)
-        name = sandbox_name(spec.evaluation_id, spec.task_index, spec.attempt)
+        token = secrets.token_urlsafe(24) if session else ""
+        name = sandbox_name(spec.evaluation_id, spec.task_index, spec.attempt) if session else grading_name()
         manifest = self.pod_manifest(spec, name, token)
         core = self.core
         try:
@@ -212,20 +239,24 @@ class KubernetesSandboxBackend(SandboxBackend):
             raise SandboxStartError(f"cannot create sandbox pod {name}: {why}") from exc
         try:
             pod = k8s_client.wait_running(core, name, self.namespace, deadline)
-            address = str(pod["status"]["podIP"])
-            host = f"[{address}]" if ":" in address else address
-            port = self._gateway_port_for(name) if self._gateway_port_for else DEFAULT_GATEWAY_PORT
+            url = ""
+            if session:
+                address = str(pod["status"]["podIP"])
+                host = f"[{address}]" if ":" in address else address
+                port = self._gateway_port_for(name) if self._gateway_port_for else DEFAULT_GATEWAY_PORT
+                url = f"http://{host}:{port}"
             handle = SandboxHandle(
                 backend=self.name,
                 sandbox_id=str(pod["metadata"].get("uid", name)),
                 name=name,
-                url=f"http://{host}:{port}",
+                url=url,
                 token=token,
                 image=spec.image,
                 created_at=datetime.now(UTC),
                 labels=manifest["metadata"]["labels"],
             )
-            self._wait_ready(handle, deadline, spec.ready_timeout_s)
+            if session:
+                self._wait_ready(handle, deadline, spec.ready_timeout_s)
         except BaseException:
             k8s_client.delete_pod(core, name, self.namespace)
             raise
@@ -333,13 +364,26 @@ class KubernetesSandboxBackend(SandboxBackend):
             raise SandboxError(
                 f"cannot write {dest!r}: sandbox files go under {WORKSPACE}/, e.g. {WORKSPACE}/data/a.csv"
             )
-        archive = one_file_archive(parts[1:], data, SANDBOX_UID)
+        self._unpack(handle, one_file_archive(parts[1:], data, SANDBOX_UID), dest)
+
+    def put_tree(self, handle: SandboxHandle, archive: bytes) -> None:
+        """Unpack the tar ``archive`` under ``/workspace`` with one ``tar -x`` over exec (folders, empty ones too,
+        and files; all owned by the pod's user: see the module's known gaps). tar refuses members that climb out.
+
+        Raises:
+            SandboxUnavailableError: the pod is gone, or tar refused the archive (its message is in the error).
+        """
+        self._unpack(handle, archive, "the files")
+
+    def _unpack(self, handle: SandboxHandle, archive: bytes, what: str) -> None:
+        """``tar -x`` of ``archive`` in ``/workspace``. Raises: SandboxUnavailableError: the pod is gone, or tar
+        refused ``what``."""
         # head -c: the v4 exec protocol cannot close stdin, so tar is given exactly the archive's bytes.
         script = 'head -c "$2" | tar -x -o -f - -C "$1"'
         result = self._run(handle, ["sh", "-c", script, "sh", WORKSPACE, str(len(archive))], archive)
         if result.exit_code != 0:
             message = result.stderr.decode(errors="replace").strip()[-300:]
-            raise SandboxUnavailableError(f"sandbox {handle.name} refused {dest} (tar: {message})")
+            raise SandboxUnavailableError(f"sandbox {handle.name} refused {what} (tar: {message})")
 
     def get_tree(
         self,
@@ -398,8 +442,8 @@ class KubernetesSandboxBackend(SandboxBackend):
         worker: str | None = None,
         purpose: SandboxPurpose = "session",
     ) -> list[str]:
-        """Delete this project's session pods (of one evaluation, or all; of one worker, or any's) created more
-        than ``older_than_s`` seconds ago; return their names.
+        """Delete this project's pods of ``purpose`` (of one evaluation, or all; of one worker, or any's) created
+        more than ``older_than_s`` seconds ago; return their names.
 
         Raises:
             SandboxStartError: no cluster configuration, or the pods could not be listed (what to do is said).
