@@ -35,7 +35,7 @@ export PBE_SUITE_DIR DOCKER_GID PBE_GATEWAY_PORT BASE_IMAGE
 
 COMPOSE := docker compose -p pybench-eval
 
-.PHONY: help host-deps install compose-plugin base-image wheels images model-image k8s-tools real-model env up down demo test test-fast lint bench bench-sandbox bench-grading bench-throughput bench-lifecycle bench-dashboard reap
+.PHONY: help host-deps install compose-plugin base-image wheels images model-image k8s-tools real-model env up down demo test test-fast lint bench bench-sandbox bench-grading bench-throughput bench-lifecycle bench-dashboard bench-real-model reap
 
 help: ## List the targets
 	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -123,6 +123,10 @@ bench-grading: images $(VENV)/.installed-dev ## Grading figures: every suite tas
 
 bench-throughput: up $(VENV)/.installed-dev ## All 143 tasks through the stack (instant and 2 s model) against PyBench's unisolated way (root)
 	set -a; . ./.env; set +a; $(PY) scripts/bench_throughput.py --suite $(PBE_SUITE_DIR)
+
+bench-real-model: $(VENV)/.installed-dev ## All 143 tasks against SmolLM2 under llama.cpp in the stack, the judge on the same server (about an hour)
+	$(MAKE) --no-print-directory up MODEL=smollm2
+	set -a; . ./.env; set +a; $(PY) scripts/bench_real_model.py $(BENCH_ARGS)
 
 bench-lifecycle: images $(VENV)/.installed-dev ## A session's CPU and wall time phase by phase outside its cells (start, kernel, teardown, grading sandbox)
 	$(PY) scripts/bench_lifecycle.py
