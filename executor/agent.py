@@ -15,10 +15,10 @@ from typing import Any, Protocol
 
 from executor.kernel import KernelClient
 from executor.messages import interpreter_message, output_text
-from services.endpoint import ChatMessage, Completion
+from services.endpoint.client import ChatMessage, Completion
 from services.errors import ModelContextLengthError, ModelEndpointError, ModelRequestRejectedError, SandboxError
 from services.evaluation import Budgets
-from services.extraction import extract_code
+from services.pybench.extraction import extract_code
 from services.trajectory import MAX_IMAGES_PER_CELL, EndReason, Message, Turn
 
 log = logging.getLogger(__name__)

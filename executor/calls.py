@@ -4,16 +4,16 @@ paid call charged to its spend when it has a cost limit."""
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.endpoint import ChatMessage, Completion, EndpointClient
+from services.endpoint.client import ChatMessage, Completion, EndpointClient
 from services.evaluation import Evaluation
-from services.replies import ReplyCache, request_key
-from services.spend import SpendLedger
+from services.live.replies import ReplyCache, request_key
+from services.live.spend import SpendLedger
 
 
 class SessionModel:
     """Asks the evaluation's endpoint for completions (``complete``, as ``EndpointClient``'s).
 
-    With ``replies``: a request asked before (``services.replies.request_key``) is answered from the cache,
+    With ``replies``: a request asked before (``services.live.replies.request_key``) is answered from the cache,
     ``replayed`` set, without a call; a paid reply is kept. With ``ledger`` (and the evaluation's prices): each
     paid call's tokens are charged to the evaluation's spend, and ``spent_usd`` reads it.
     """

@@ -15,20 +15,20 @@ from executor.calls import SessionModel
 from executor.pool import SESSION_POOL, WarmPool
 from executor.session import SessionResult, key_lost, run_task_session
 from executor.settings import ExecutorSettings
-from services.endpoint import EndpointClient
+from services.endpoint.client import EndpointClient
+from services.endpoint.netguard import EgressPolicy, pinned_transport
 from services.evaluation import Evaluation
 from services.lifecycle import TaskLifecycle
-from services.logs import log_context
-from services.monitoring import record_session
-from services.netguard import EgressPolicy, pinned_transport
+from services.live.replies import ReplyCache
+from services.live.spend import SpendLedger
+from services.observability.logs import log_context
+from services.observability.monitoring import record_session
+from services.pybench.suite import Suite, load_suite
 from services.queues import SessionJob
-from services.replies import ReplyCache
 from services.sandbox.base import SandboxBackend
 from services.sandbox.registry import get_backend
-from services.spend import SpendLedger
 from services.state import StateStore
 from services.store import ArtifactStore
-from services.suite import Suite, load_suite
 from services.task import Task
 from services.trajectory import EndReason
 from services.verdict import session_verdict

@@ -1,9 +1,9 @@
 """PyBench's message shapes: the opening messages of a session and the code interpreter's replies, written with
-the conventions of ``services.pybench``."""
+the conventions of ``services.pybench.rules``."""
 
 from executor.output import CellOutput
-from services.pybench import ERROR_PREAMBLE, data_message_text
-from services.pybench import INTERPRETER_PREFIX as INTERPRETER_PREFIX  # re-exported: callers import it from here
+from services.pybench.rules import ERROR_PREAMBLE, data_message_text
+from services.pybench.rules import INTERPRETER_PREFIX as INTERPRETER_PREFIX  # re-exported: callers import it from here
 from services.task import Task
 from services.trajectory import Execution, Message
 

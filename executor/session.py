@@ -19,10 +19,10 @@ from executor.pool import WarmPool, WarmSandbox, discard, start_sandbox
 from executor.settings import ExecutorSettings
 from services.errors import SandboxError, SuiteError
 from services.evaluation import Evaluation
+from services.pybench.suite import Suite
 from services.sandbox.base import SandboxBackend, Tree
 from services.sandbox.contract import WORKSPACE, SandboxHandle
 from services.state import DEFAULT_SECRET_TTL_S
-from services.suite import Suite
 from services.task import Task
 from services.trajectory import EndReason, SessionInfo, Trajectory
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field
 
 from executor.pool import DEFAULT_WARM_IMPORTS
-from services.endpoint import DEFAULT_DEADLINE_S, DEFAULT_MAX_REPLY_BYTES
+from services.endpoint.client import DEFAULT_DEADLINE_S, DEFAULT_MAX_REPLY_BYTES
 from services.sandbox.base import (
     DEFAULT_CPUS,
     DEFAULT_MEMORY_MB,
@@ -63,7 +63,7 @@ class ExecutorSettings(ServiceSettings):
     K8S_RUNTIME_CLASS: str = ""
     """A RuntimeClass for the sandbox pods (``gvisor``); empty: the cluster's default."""
     MODEL_TIMEOUT_S: float = 300.0
-    """Seconds one read of the model endpoint's answer may wait (``services.endpoint``)."""
+    """Seconds one read of the model endpoint's answer may wait (``services.endpoint.client``)."""
     MODEL_DEADLINE_S: float = Field(default=DEFAULT_DEADLINE_S, gt=0)
     """Seconds one request to the model endpoint may take in all, however its answer trickles in."""
     MODEL_MAX_REPLY_BYTES: int = Field(default=DEFAULT_MAX_REPLY_BYTES, gt=0)

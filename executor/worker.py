@@ -10,7 +10,7 @@ kept ready), filled when the worker starts and emptied when it stops, and hands 
 What keeps it honest when things break:
 
 - **Its death is seen fast.** A thread beats the worker's heartbeat every ``DEFAULT_HEARTBEAT_INTERVAL_S`` with
-  a short time to live (``services.liveness``), so a worker killed mid-session is dead (its ``rq:worker:<name>``
+  a short time to live (``services.live.liveness``), so a worker killed mid-session is dead (its ``rq:worker:<name>``
   key gone) within ``DEFAULT_HEARTBEAT_TTL_S`` and the gateway's reconciler queues its sessions again.
 - **It rides out a Redis outage.** Its connection retries every command for about a minute
   (``services.settings.redis_retry``), and its loop waits for Redis to come back instead of quitting.
@@ -43,10 +43,10 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from executor.pool import POOL_EVALUATION, SESSION_POOL, WarmPool
 from executor.settings import ExecutorSettings
-from services.components import SANDBOX_IMAGE, advertise
-from services.liveness import DEFAULT_HEARTBEAT_INTERVAL_S, ShortHeartbeat
-from services.logs import configure_logging
-from services.monitoring import SESSIONS_IN_FLIGHT, metrics_address, serve_worker_metrics
+from services.live.components import SANDBOX_IMAGE, advertise
+from services.live.liveness import DEFAULT_HEARTBEAT_INTERVAL_S, ShortHeartbeat
+from services.observability.logs import configure_logging
+from services.observability.monitoring import SESSIONS_IN_FLIGHT, metrics_address, serve_worker_metrics
 from services.queues import RETRIES_KEY, ProjectJobsOnly, release_due_sessions
 from services.sandbox.base import SandboxBackend
 from services.sandbox.registry import get_backend

@@ -20,11 +20,11 @@ from gateway.problems import install_problem_handlers, problem_response
 from gateway.routers import compare, epochs, evaluations, leaderboard, regrade, suites
 from gateway.settings import GatewaySettings
 from gateway.streams import OpenStreams
-from services.logs import LOG_FORMAT_VARIABLE, configure_logging
-from services.netguard import Resolver, resolve_host
-from services.retention import RetentionPolicy
+from services.endpoint.netguard import Resolver, resolve_host
+from services.live.retention import RetentionPolicy
+from services.observability.logs import LOG_FORMAT_VARIABLE, configure_logging
+from services.pybench.suite import load_suite
 from services.store import ArtifactStore
-from services.suite import load_suite
 
 
 def create_app(settings: GatewaySettings | None = None, *, resolver: Resolver = resolve_host) -> FastAPI:

@@ -14,7 +14,7 @@ from redis import Redis
 
 from gateway.deps import RedisDep, SettingsDep
 from gateway.problems import Problem
-from services.apikeys import ApiKey, ApiKeyStore
+from services.live.apikeys import ApiKey, ApiKeyStore
 
 _bearer = HTTPBearer(auto_error=False, description="An API key of this service: `pbe_<id>_<secret>`.")
 

@@ -9,9 +9,9 @@ from redis import Redis
 from gateway.settings import GatewaySettings
 from gateway.streams import OpenStreams
 from services.lifecycle import TaskLifecycle
+from services.pybench.suite import Suite, load_suite
 from services.state import StateStore
 from services.store import ArtifactStore
-from services.suite import Suite, load_suite
 
 
 def get_settings(request: Request) -> GatewaySettings:

@@ -1,14 +1,21 @@
 """The submitted endpoints, checked before an evaluation is accepted: no request forgery through our workers.
 
-The model's and the judge's base URLs are resolved and every address checked (``services.netguard``);
+The model's and the judge's base URLs are resolved and every address checked (``services.endpoint.netguard``);
 internal ones are refused unless the operator's ``PBE_EGRESS_ALLOWLIST`` names them. The workers check
 again, and pin each connection to the address they checked, when they call the endpoint.
 """
 
 from gateway.problems import Problem
 from gateway.settings import GatewaySettings
+from services.endpoint.netguard import (
+    EgressPolicy,
+    EgressRefusedError,
+    Resolver,
+    UnresolvableHostError,
+    check_url,
+    resolve_host,
+)
 from services.evaluation import EvaluationCreate
-from services.netguard import EgressPolicy, EgressRefusedError, Resolver, UnresolvableHostError, check_url, resolve_host
 
 
 def check_endpoints(body: EvaluationCreate, settings: GatewaySettings, resolver: Resolver = resolve_host) -> None:

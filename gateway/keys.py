@@ -12,7 +12,7 @@ import sys
 from redis import Redis
 
 from gateway.settings import GatewaySettings
-from services.apikeys import ApiKeyStore
+from services.live.apikeys import ApiKeyStore
 
 
 def main(argv: list[str] | None = None) -> int:

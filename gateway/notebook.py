@@ -2,9 +2,9 @@
 cells, and what the interpreter answered as their outputs (text, errors, images).
 
 Each assistant message is paired with its turn (the i-th assistant message is the i-th turn). The code of a
-reply is its first cell as the agent loop reads it (``services.extraction``); in tools mode, where the code
+reply is its first cell as the agent loop reads it (``services.pybench.extraction``); in tools mode, where the code
 came in an ``execute_python`` call, it is the turn's code. The output is the turn's execution when the
-trajectory has it, else the code interpreter message that follows (``services.pybench``).
+trajectory has it, else the code interpreter message that follows (``services.pybench.rules``).
 
 The CLI's ``export`` writes these from an archive it downloaded; the dashboard offers one per task.
 """
@@ -12,8 +12,8 @@ The CLI's ``export`` writes these from an archive it downloaded; the dashboard o
 import importlib
 from typing import Any
 
-from services.extraction import find_cell
-from services.pybench import interpreter_output, is_interpreter_message
+from services.pybench.extraction import find_cell
+from services.pybench.rules import interpreter_output, is_interpreter_message
 from services.trajectory import Execution, Message, Trajectory, Turn
 
 

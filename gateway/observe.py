@@ -1,5 +1,6 @@
 """The gateway's Prometheus endpoint: ``GET /metrics`` with the request series of this app and the fleet's state
-read from Redis (``services.monitoring``): counts by route, status and state, never an id, a model or a key.
+read from Redis (``services.observability.monitoring``): counts by route, status and state, never an id, a model or a
+key.
 ``PBE_METRICS_ACCESS`` says who may read it: anyone (``open``), an admin key (``admin``), nobody (``off``)."""
 
 import time
@@ -9,8 +10,8 @@ from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from redis import Redis
 
-from services.apikeys import ApiKeyStore
-from services.monitoring import LATENCY_BUCKETS, gateway_registry
+from services.live.apikeys import ApiKeyStore
+from services.observability.monitoring import LATENCY_BUCKETS, gateway_registry
 
 UNMATCHED_ROUTE = "unmatched"
 """The route label of requests no route matched (404s of made-up paths), so that they cannot grow the labels."""

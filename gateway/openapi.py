@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from services.suite import Suite
+from services.pybench.suite import Suite
 
 PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -1,7 +1,7 @@
 """Endpoint preflight: before an evaluation is accepted, its model endpoint must answer, serve the model, and
 reply to one canary prompt with code in the format the chosen suite prompt asks for.
 
-The calls go through the one endpoint client (``services.endpoint``), once each (no retries: the submitter is
+The calls go through the one endpoint client (``services.endpoint.client``), once each (no retries: the submitter is
 waiting), and through the egress guard (the address checked, the connection pinned to it, no redirects); the
 model's API key is sent as a bearer token and cut out of anything the endpoint echoes back. Each failure is a
 problem document (422) that says what to fix; nothing is stored or queued.
@@ -10,13 +10,13 @@ problem document (422) that says what to fix; nothing is stored or queued.
 import httpx
 
 from gateway.problems import Problem
-from services.endpoint import EndpointClient, Reply
+from services.endpoint.client import EndpointClient, Reply
+from services.endpoint.netguard import EgressPolicy, EgressRefusedError, PinnedTransport, Resolver, resolve_host
+from services.endpoint.redaction import redact
 from services.errors import ModelEndpointError
 from services.evaluation import EvaluationCreate
-from services.extraction import extract_code
-from services.netguard import EgressPolicy, EgressRefusedError, PinnedTransport, Resolver, resolve_host
-from services.redaction import redact
-from services.suite import Suite
+from services.pybench.extraction import extract_code
+from services.pybench.suite import Suite
 
 CANARY_QUESTION = "Use Python to compute 17 * 23 and print the result."
 """The canary prompt, asked under the evaluation's own system prompt."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from services.errors import TaskNotFoundError
 from services.evaluation import Evaluation, EvaluationStatus, EvaluationView
-from services.scores import build_results
+from services.results.scores import build_results
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.verdict import Results, Verdict, VerdictStatus
@@ -37,7 +37,7 @@ def status(state: StateStore, evaluation_id: str) -> EvaluationStatus:
 
 def results(state: StateStore, evaluation: Evaluation) -> Results:
     """The results document so far: every verdict by task, their metrics at the evaluation's prices, and the
-    statistics (``services.scores.build_results``); ``complete`` once every task is finished."""
+    statistics (``services.results.scores.build_results``); ``complete`` once every task is finished."""
     return build_results(evaluation.id, state.verdicts(evaluation.id), state.complete(evaluation.id), evaluation.prices)
 
 

@@ -22,7 +22,7 @@ again, or on two gateways at once, duplicates nothing; verdicts are written per 
 twice leaves one verdict. The gateway runs it every ``PBE_RECONCILE_INTERVAL_S`` seconds (one gateway at a
 time, under a Redis lock); ``python -m gateway.reconcile`` runs it once.
 
-Each pass is followed by one bounded retention pass (``services.retention.expire_old``: old evaluations'
+Each pass is followed by one bounded retention pass (``services.live.retention.expire_old``: old evaluations'
 trajectories and files removed after ``PBE_RETENTION_DAYS``).
 """
 
@@ -39,6 +39,8 @@ from rq.serializers import JSONSerializer
 
 from services.evaluation import TaskState
 from services.lifecycle import MAX_REQUEUES, TaskLifecycle
+from services.live.retention import RetentionPolicy, expire_old
+from services.pybench.suite import Suite
 from services.queues import (
     GradeJob,
     SessionJob,
@@ -48,11 +50,9 @@ from services.queues import (
     session_alive,
     session_job_id,
 )
-from services.retention import RetentionPolicy, expire_old
-from services.scores import build_results
+from services.results.scores import build_results
 from services.state import EvaluationNotFoundError
 from services.store import ArtifactStore
-from services.suite import Suite
 from services.verdict import Verdict, VerdictStatus
 
 log = logging.getLogger(__name__)
@@ -228,7 +228,7 @@ def _retention_policy() -> RetentionPolicy:
 
 
 def expire(redis: Redis, store: ArtifactStore, retention: RetentionPolicy) -> None:
-    """One retention pass (``services.retention.expire_old``), logged when it removed anything.
+    """One retention pass (``services.live.retention.expire_old``), logged when it removed anything.
 
     Raises:
         RedisError: Redis cannot be reached.
@@ -284,7 +284,7 @@ def run_periodically(
 def main() -> int:
     """Run one pass with the gateway's settings and print what it did."""
     from gateway.settings import GatewaySettings
-    from services.suite import load_suite
+    from services.pybench.suite import load_suite
 
     settings = GatewaySettings()
     redis, store = settings.redis(), ArtifactStore(settings.ARTIFACT_ROOT)

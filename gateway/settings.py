@@ -42,7 +42,7 @@ class GatewaySettings(ServiceSettings):
     DASHBOARD_SESSION_TTL_S: int = Field(default=12 * 3600, ge=60, le=30 * 24 * 3600)
     """How long a dashboard sign-in lasts (its session cookie and its record in Redis)."""
 
-    # --- storage limits (services.retention) ---
+    # --- storage limits (services.live.retention) ---
     STORAGE_QUOTA_MB_PER_KEY: int = Field(default=20 * 1024, ge=0)
     """MiB (default 20 GiB) of trajectories and produced files a key's evaluations may take in the artifact store;
     a submission by a key at or over it gets 409 (0: no quota)."""

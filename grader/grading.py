@@ -11,7 +11,7 @@ The ``original`` grading may also see files other tasks of the evaluation produc
 the session's own files only. When there are such files, the two gradings' file-opening checks run in two
 grading sandboxes, each with its own view.
 
-What a verdict was graded with is recorded in it: the grader build (``services.manifest.service_version``) and
+What a verdict was graded with is recorded in it: the grader build (``services.results.manifest.service_version``) and
 ``checks_hash``, a sha256 over ``CHECKS_VERSION`` and what each grading applies to every task of the suite.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 from grader.checks import CheckContext, normalise_output_path, run_check, runs_in_process
 from grader.shared_output import named_outputs
 from grader.variants import Forced, Grading, checks_for, forced_outcome, ungradable_reason
-from services.suite import Suite
+from services.pybench.suite import Suite
 from services.task import Task
 from services.trajectory import Trajectory
 from services.verdict import CheckResult, GradingOutcome, Verdict, VerdictStatus, session_verdict
@@ -36,7 +36,7 @@ CHECKS_VERSION = 1
 """The version of the check code: what a check kind does (``grader.checks``, ``grader.file_checks``), how the two
 gradings depart from the checks as written (``grader.variants``), what they read and see (this module,
 ``grader.shared_output``). Bump it with any change that can turn a verdict; ``checks_hash`` covers it, and runs
-graded under another version than ``services.manifest.BASELINE_CHECKS_VERSION`` get their own comparable key."""
+graded under another version than ``services.results.manifest.BASELINE_CHECKS_VERSION`` get their own comparable key."""
 
 
 def applied_checks(task: Task, grading: Grading) -> dict[str, Any]:

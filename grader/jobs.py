@@ -24,19 +24,19 @@ from grader import file_checks, session_files, shared_output
 from grader.grading import CHECKS_VERSION, FileCheckRunner, OriginalView, checks_hash, grade, regrade_original
 from grader.judge import judge_key_lost, judge_session
 from grader.settings import GraderSettings
+from services.endpoint.netguard import EgressPolicy
 from services.errors import ArtifactExpiredError
 from services.evaluation import Evaluation
 from services.lifecycle import TaskLifecycle
-from services.logs import log_context
-from services.manifest import service_version
-from services.netguard import EgressPolicy
+from services.live.secretbox import SecretBox
+from services.observability.logs import log_context
+from services.pybench.suite import Suite, load_suite
 from services.queues import GradeJob
+from services.results.manifest import service_version
+from services.results.scores import build_results
 from services.sandbox.grading_backends import file_check_backend
-from services.scores import build_results
-from services.secretbox import SecretBox
 from services.state import StateStore
 from services.store import ArtifactStore
-from services.suite import Suite, load_suite
 from services.task import Task
 from services.trajectory import Trajectory
 from services.verdict import Judgment, Verdict, VerdictStatus

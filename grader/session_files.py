@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from services.errors import SuiteError
-from services.suite import Suite
+from services.pybench.suite import Suite
 
 MAX_GRADING_BYTES = 512 * 1024 * 1024
 """The most a grading sandbox is given: files past it are left out (the checks that need them fail as missing)."""

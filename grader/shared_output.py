@@ -29,9 +29,9 @@ from typing import Any
 from grader.checks import normalise_output_path
 from grader.variants import Grading, checks_for, forced_outcome
 from services.errors import ArtifactExpiredError
+from services.pybench.suite import Suite
 from services.state import StateStore
 from services.store import ArtifactStore
-from services.suite import Suite
 from services.verdict import VerdictStatus
 
 _LEADING_INDEX = re.compile(r"^(\d+)(?=[._/-]|$)")

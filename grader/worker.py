@@ -2,7 +2,8 @@
 its Prometheus series and the judge's prompt hashes advertised for the runs' manifests.
 
 While a grading runs, the worker checks on its child every ``DEFAULT_HEARTBEAT_INTERVAL_S`` and renews its
-heartbeat for ``DEFAULT_HEARTBEAT_TTL_S`` (``services.liveness``), so a grader killed as a grading starts is dead to
+heartbeat for ``DEFAULT_HEARTBEAT_TTL_S`` (``services.live.liveness``), so a grader killed as a grading starts is dead
+to
 the reconciler within seconds, not after RQ's ninety, and its grading is queued again. The grading's time and
 status are counted here, in the parent, when the child has ended (a child's counters would die with it).
 
@@ -19,10 +20,10 @@ from rq.worker import Worker
 
 from grader.judge.prompts import prompt_hash
 from grader.settings import GraderSettings
-from services.components import advertise, judge_prompt_key
-from services.liveness import DEFAULT_HEARTBEAT_INTERVAL_S, ShortHeartbeat
-from services.logs import configure_logging
-from services.monitoring import metrics_address, record_grading, serve_worker_metrics
+from services.live.components import advertise, judge_prompt_key
+from services.live.liveness import DEFAULT_HEARTBEAT_INTERVAL_S, ShortHeartbeat
+from services.observability.logs import configure_logging
+from services.observability.monitoring import metrics_address, record_grading, serve_worker_metrics
 from services.queues import ProjectJobsOnly
 from services.verdict import JudgeMode
 

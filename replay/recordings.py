@@ -1,13 +1,13 @@
 """Recorded trajectories indexed by task query: what the replay model answers with.
 
-The file is read by ``services.recordings`` (PyBench's ``trajectory.jsonl``); a task is found by its query,
-stripped (``services.pybench.task_query``: the first user message that is not an ``[INFO]`` message).
+The file is read by ``services.pybench.recordings`` (PyBench's ``trajectory.jsonl``); a task is found by its query,
+stripped (``services.pybench.rules.task_query``: the first user message that is not an ``[INFO]`` message).
 """
 
 from pathlib import Path
 
 from services.errors import ConfigurationError, SuiteError
-from services.recordings import read_recordings
+from services.pybench.recordings import read_recordings
 
 
 class Recordings:

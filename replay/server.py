@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from replay.recordings import Recordings, load_recordings
-from services.pybench import task_query
+from services.pybench.rules import task_query
 
 DEFAULT_MODEL_NAME = "pybench-replay"
 """The model name the server lists and answers as."""

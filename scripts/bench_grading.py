@@ -29,10 +29,10 @@ from grader.checks import runs_in_process  # noqa: E402
 from grader.file_checks import checker_sources  # noqa: E402
 from grader.grading import grade  # noqa: E402
 from grader.variants import Grading, checks_for  # noqa: E402
-from services.recordings import read_recordings  # noqa: E402
+from services.pybench.recordings import read_recordings  # noqa: E402
+from services.pybench.suite import Suite, load_suite  # noqa: E402
 from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE  # noqa: E402
 from services.sandbox.grading_docker import run_file_checks  # noqa: E402
-from services.suite import Suite, load_suite  # noqa: E402
 from services.task import Task  # noqa: E402
 from services.trajectory import EndReason, Message, Trajectory  # noqa: E402
 from services.verdict import CheckResult, Verdict  # noqa: E402

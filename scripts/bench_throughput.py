@@ -42,10 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gateway.client import GatewayClient  # noqa: E402
 from scripts.bench_lifecycle import machine_cpu_s  # noqa: E402
-from services.extraction import extract_code  # noqa: E402
-from services.recordings import read_recordings  # noqa: E402
+from services.pybench.extraction import extract_code  # noqa: E402
+from services.pybench.recordings import read_recordings  # noqa: E402
+from services.pybench.suite import Suite, load_suite  # noqa: E402
 from services.store import ArtifactStore  # noqa: E402
-from services.suite import Suite, load_suite  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ["docker", "compose", "-p", "pybench-eval"]

@@ -36,13 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from executor.session import run_task_session  # noqa: E402
 from executor.settings import ExecutorSettings  # noqa: E402
 from replay.server import create_app  # noqa: E402
-from services.endpoint import EndpointClient  # noqa: E402
+from services.endpoint.client import EndpointClient  # noqa: E402
 from services.evaluation import Evaluation, ModelEndpoint, Sampling  # noqa: E402
-from services.pybench import ERROR_PREAMBLE, interpreter_output, is_interpreter_message  # noqa: E402
-from services.recordings import read_recordings  # noqa: E402
+from services.pybench.recordings import read_recordings  # noqa: E402
+from services.pybench.rules import ERROR_PREAMBLE, interpreter_output, is_interpreter_message  # noqa: E402
+from services.pybench.suite import Suite, load_suite  # noqa: E402
 from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, ROLE_LABEL  # noqa: E402
 from services.sandbox.docker import DockerSandboxBackend  # noqa: E402
-from services.suite import Suite, load_suite  # noqa: E402
 from tests.servers import serve  # noqa: E402
 
 NETWORK = "pbe-fidelity-sandboxes"

@@ -8,7 +8,7 @@ are defined here::
     ├── ConfigurationError                 a setting or deployment piece is missing or wrong
     ├── SuiteError                         a suite cannot be read
     │   └── TaskNotFoundError              a task index that the suite does not have
-    ├── EvaluationNotFoundError            no evaluation by that id (or not the caller's)      services.state
+    ├── EvaluationNotFoundError            no evaluation by that id (or not the caller's)    services.state
     ├── SandboxError                       the sandbox failed, or a path not under /workspace
     │   ├── SandboxStartError              a sandbox did not start or become ready
     │   └── SandboxUnavailableError        the sandbox is gone (removed, kernel dead)
@@ -21,23 +21,23 @@ are defined here::
     ├── StoreError                         the artifact store cannot be read or written
     │   └── ArtifactNotFoundError          an artifact that is not there
     │       └── ArtifactExpiredError       it was there, and retention removed it (HTTP 410)
-    ├── GatewayError                       the gateway answered an error (status, detail)      gateway.client
-    ├── GatewayUnreachableError            the gateway could not be reached in time            gateway.client
-    └── CommandError                       a CLI command cannot go on (exit status 1)          gateway.cli.errors
-        ├── UsageError                     the command line is wrong (exit status 2)           gateway.cli.errors
-        └── PreflightError                 an endpoint failed its check before submitting      gateway.cli.errors
+    ├── GatewayError                       the gateway answered an error (status, detail)    gateway.client
+    ├── GatewayUnreachableError            the gateway could not be reached in time          gateway.client
+    └── CommandError                       a CLI command cannot go on (exit status 1)        gateway.cli.errors
+        ├── UsageError                     the command line is wrong (exit status 2)         gateway.cli.errors
+        └── PreflightError                 an endpoint failed its check before submitting    gateway.cli.errors
 
 Outside the tree, on purpose: bad values (caught as ``ValueError`` where they are checked), and errors that
 never leave the module that raises them::
 
     ValueError                             a bad value, caught where it is checked
-    ├── EgressRefusedError                 a URL or its host may not be reached                services.netguard
-    │   └── UnresolvableHostError          the host does not resolve, so it cannot be checked  services.netguard
-    └── CheckParameterError                a check's parameters do not fit its kind            grader.checks
+    ├── EgressRefusedError                 a URL or its host may not be reached              services.endpoint.netguard
+    │   └── UnresolvableHostError          the host does not resolve: cannot be checked      services.endpoint.netguard
+    └── CheckParameterError                a check's parameters do not fit its kind          grader.checks
     Exception
-    ├── Problem                            an API error, answered as a problem document        gateway.problems
-    ├── CheckFailed, MalformedCheck        a file check's outcome, in the grading sandbox      grader.file_checks
-    └── _TooLarge                          output too large; becomes SandboxUnavailableError   services.sandbox.local
+    ├── Problem                            an API error, answered as a problem document      gateway.problems
+    ├── CheckFailed, MalformedCheck        a file check's outcome, in the grading sandbox    grader.file_checks
+    └── _TooLarge                          too much output: a SandboxUnavailableError        services.sandbox.local
 
 Each message says what to do next.
 """

@@ -39,7 +39,7 @@ class Sampling(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
     """Sent to endpoints that accept one (vLLM, llama.cpp, OpenAI), for runs that can be repeated; each epoch of
-    a run gets its own (``services.epochs``)."""
+    a run gets its own (``services.results.epochs``)."""
 
 
 class Budgets(BaseModel):
@@ -82,7 +82,7 @@ BASE_URL_PATTERN = (
 )
 """An http(s) URL with a host name, an IPv4 address or a bracketed IPv6 address (no zone), an optional port and
 a plain path (no credentials, query or fragment). Which addresses may be called is the egress guard's decision
-(``services.netguard``), made before any connection."""
+(``services.endpoint.netguard``), made before any connection."""
 
 
 class ModelEndpoint(BaseModel):
@@ -216,7 +216,7 @@ class TaskState(StrEnum):
 
 class GradingRecord(BaseModel):
     """One grading of an evaluation, as its manifest lists it: grading 1 when the evaluation is accepted, one more
-    per ``POST .../regrade`` (``services.manifest``). What graded it is filled in from its verdicts once the
+    per ``POST .../regrade`` (``services.results.manifest``). What graded it is filled in from its verdicts once the
     evaluation completes under it."""
 
     grading: int = Field(description="Its number: 1 for the grading of the sessions as they ended, then 2, 3, ...")
@@ -247,7 +247,7 @@ class GradingRecord(BaseModel):
 
 class RunManifest(BaseModel):
     """What an evaluation ran with, so that two runs can be told comparable or not (made by
-    ``services.manifest.build_manifest`` when the evaluation is accepted). Hashes are sha256 in hex."""
+    ``services.results.manifest.build_manifest`` when the evaluation is accepted). Hashes are sha256 in hex."""
 
     service_version: str
     suite: str
@@ -271,7 +271,7 @@ class RunManifest(BaseModel):
     comparable_key: str
     """Runs with the same key ran the same suite version, the same tasks, prompt, mode and turn limit, and their
     current verdicts were graded with the same checks: only they are ranked together. Set at submission; a grading
-    graded with checks other than the baseline's changes it (``services.manifest.graded_key``)."""
+    graded with checks other than the baseline's changes it (``services.results.manifest.graded_key``)."""
     base_key: str | None = Field(
         default=None,
         description="The comparable key as submitted, before any grading's checks entered it (None in manifests "
@@ -306,7 +306,7 @@ class Evaluation(BaseModel):
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY
     budgets: Budgets | None = None
     reply_cache: bool = False
-    """Its sessions keep and replay the model's replies (``services.replies``)."""
+    """Its sessions keep and replay the model's replies (``services.live.replies``)."""
     grading: int = 1
     """How many times it was graded: 1, then one more per ``POST .../regrade``."""
     run_id: str | None = None
@@ -314,10 +314,10 @@ class Evaluation(BaseModel):
     epoch: int = 1
     epochs: int = 1
     """How many epochs its run has."""
-    """At most this many of its sessions run at once (``services.admission``)."""
+    """At most this many of its sessions run at once (``services.live.admission``)."""
     prices: Prices | None = None
     manifest: RunManifest | None = None
-    """What the run ran with, recorded at submission (``services.manifest``); None in evaluations stored before
+    """What the run ran with, recorded at submission (``services.results.manifest``); None in evaluations stored before
     manifests were recorded."""
 
 

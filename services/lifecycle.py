@@ -19,7 +19,7 @@ reconciler, the executor and the grader call these and nothing else writes them 
 A ``queued`` task is either held (waiting its turn) or admitted (its session job is on the shared queue, or, for a
 retry waiting out its delay, in ``services.queues.RETRIES_KEY``): at most
 ``Evaluation.max_concurrency`` of an evaluation's sessions are admitted or running at once, and each session that
-ends admits the next (``services.admission``, which only this module calls; ``admit`` fills the window again and
+ends admits the next (``services.live.admission``, which only this module calls; ``admit`` fills the window again and
 the reconciler calls it every pass).
 
 The retry policy lives here too, applied where a session ends (``finish_session``, called by the executor that ran
@@ -32,7 +32,8 @@ Keys (prefix ``pbe:evaluation:<id>``, see ``services.state``): ``:tasks`` (index
 (index -> attempt), ``:verdicts`` (index -> the latest attempt's verdict), ``:cancelled``. An evaluation whose
 tasks are all finished has its API keys dropped from the secret store (they are not kept at rest any longer than
 a session or the judge needs them), and its manifest's gradings filled in from its verdicts (the grader versions,
-the checks hashes, the comparable key: ``services.manifest.record_gradings``); ``regrade`` adds a grading's record.
+the checks hashes, the comparable key: ``services.results.manifest.record_gradings``); ``regrade`` adds a grading's
+record.
 """
 
 import logging
@@ -43,9 +44,10 @@ from typing import Any
 
 from redis import Redis, WatchError
 
-from services.admission import AdmissionWindow
 from services.evaluation import Evaluation, JudgeConfig, TaskState
-from services.manifest import record_gradings, start_grading
+from services.live.admission import AdmissionWindow
+from services.live.secretbox import SecretBox
+from services.pybench.suite import Suite
 from services.queues import (
     GradeJob,
     SessionJob,
@@ -58,9 +60,8 @@ from services.queues import (
     session_job_id,
     unschedule_session,
 )
-from services.secretbox import SecretBox
+from services.results.manifest import record_gradings, start_grading
 from services.state import StateStore, evaluation_key, hold_keys, open_key, run_key
-from services.suite import Suite
 from services.trajectory import EndReason
 from services.verdict import Verdict, VerdictStatus
 
@@ -136,7 +137,7 @@ class TaskLifecycle:
     """The transitions of the tasks of evaluations held in ``redis``."""
 
     def __init__(self, redis: Redis, secrets: SecretBox | None = None) -> None:
-        """``secrets`` seals the API keys an evaluation is created with (``services.secretbox``)."""
+        """``secrets`` seals the API keys an evaluation is created with (``services.live.secretbox``)."""
         self.redis = redis
         self.state = StateStore(redis, secrets)
         self.window = AdmissionWindow(redis)

@@ -214,7 +214,7 @@ def release_due_sessions(redis: Redis, now: float) -> list[SessionJob]:
 
 def job_alive(redis: Redis, job_id: str) -> bool:
     """Whether a worker has the job or will take it: queued and in its queue, scheduled or deferred by rq, or
-    started by a worker whose heartbeat lives (``services.liveness``)."""
+    started by a worker whose heartbeat lives (``services.live.liveness``)."""
     from rq.job import Job, JobStatus
     from rq.serializers import JSONSerializer
 

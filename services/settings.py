@@ -14,7 +14,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from services.errors import ConfigurationError
-from services.secretbox import SecretBox
+from services.live.secretbox import SecretBox
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 """Where Redis listens when nothing else is said (a local development server)."""
@@ -69,7 +69,7 @@ class ServiceSettings(BaseSettings):
     @field_validator("EGRESS_ALLOWLIST")
     @classmethod
     def _allowlist(cls, value: str) -> str:
-        from services.netguard import EgressPolicy
+        from services.endpoint.netguard import EgressPolicy
 
         EgressPolicy.parse(value)  # raises ValueError naming the bad entry
         return value

@@ -17,7 +17,7 @@ Keys (all prefixed ``pbe:``)::
     pbe:run:<run id>                      list of the evaluations that are the epochs of a run, in epoch order
     pbe:secret:model-key:<id>             the model API key, kept apart from everything that is logged or
                                           enqueued (job payloads carry only the evaluation id), sealed
-                                          (``services.secretbox``: never in Redis's files in plain text)
+                                          (``services.live.secretbox``: never in Redis's files in plain text)
     pbe:secret:judge-key:<id>             the judge's API key, likewise
 """
 
@@ -29,7 +29,7 @@ from redis import Redis
 
 from services.errors import PybenchEvalError
 from services.evaluation import Evaluation, EvaluationStatus, Progress, TaskState
-from services.secretbox import SecretBox, SecretsKeyMissingError
+from services.live.secretbox import SecretBox, SecretsKeyMissingError
 from services.verdict import Verdict
 
 DEFAULT_SECRET_TTL_S = 14 * 24 * 3600

@@ -12,7 +12,7 @@
 Every write is atomic (a temporary file renamed into place), so a reader never sees half a file and a
 repeated write of the same (evaluation, task, attempt) replaces rather than duplicates.
 
-Retention (``services.retention``) removes the heavy artifacts of old evaluations, each attempt's
+Retention (``services.live.retention``) removes the heavy artifacts of old evaluations, each attempt's
 ``trajectory.json`` and ``output/``, through ``expire``; the records (``evaluation.json``, ``results.json``, the
 verdicts) stay. A read of a removed artifact raises ``ArtifactExpiredError``, which says when and why, instead of
 ``ArtifactNotFoundError``. ``artifact_bytes`` measures the same artifacts: what a key's storage quota counts is
@@ -287,7 +287,7 @@ class ArtifactStore:
     def artifact_bytes(self, evaluation_id: str) -> int:
         """The bytes the evaluation's trajectories and produced files take (every attempt's): what ``expire``
         would free. The records (evaluation, results, verdicts: a few KiB) are not counted. One walk of the
-        evaluation's folder: callers cache it (``services.retention``).
+        evaluation's folder: callers cache it (``services.live.retention``).
 
         Raises:
             StoreError: the evaluation id is not a valid one.

@@ -258,7 +258,8 @@ class Results(BaseModel):
     """Per grading (``original``, ``fixed``, and ``judge`` when judged), over the suite (``all``) and per category:
     the mean pass rate over the tasks the grading decided (infrastructure failures, unavailable and ungradable
     tasks left out of the denominator and counted as ``excluded``), its standard error clustered by task, a 95%
-    confidence interval (``ci_low``, ``ci_high``), pass@k and pass^k (``services.estimates``; docs/protocol.md)."""
+    confidence interval (``ci_low``, ``ci_high``), pass@k and pass^k (``services.results.estimates``;
+    docs/protocol.md)."""
 
 
 def session_verdict(trajectory: Trajectory, paper_category: str) -> Verdict:

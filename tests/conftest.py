@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from services.secretbox import SecretBox, new_key
+from services.live.secretbox import SecretBox, new_key
 from tests.servers import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent

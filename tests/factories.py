@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from services.evaluation import Evaluation, ModelEndpoint, Sampling
-from services.suite import Suite
+from services.pybench.suite import Suite
 from services.trajectory import EndReason, Message, SessionInfo, Trajectory
 from services.verdict import JudgeMode, Judgment, JudgmentStatus, Verdict, VerdictStatus
 

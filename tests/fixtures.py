@@ -22,11 +22,11 @@ from gateway.dashboard.access import LOGIN_COOKIE
 from gateway.settings import GatewaySettings
 from services.evaluation import Evaluation, TaskState
 from services.lifecycle import TaskLifecycle
+from services.live.secretbox import SecretBox
+from services.pybench.suite import Suite
 from services.queues import SESSIONS_QUEUE, GradeJob, SessionJob
 from services.sandbox.contract import PROJECT, PROJECT_LABEL, ROLE_LABEL, RUNTIME_ROLES
-from services.secretbox import SecretBox
 from services.store import ArtifactStore
-from services.suite import Suite
 from services.verdict import Verdict
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,12 +11,12 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from gateway.reconcile import reconcile
-from services.admission import AdmissionWindow
 from services.evaluation import TaskState
 from services.lifecycle import TaskLifecycle
+from services.live.admission import AdmissionWindow
+from services.pybench.suite import Suite, load_suite
 from services.queues import RETRIES_KEY, SESSIONS_QUEUE, GradeJob, SessionJob, enqueue_grading
 from services.store import ArtifactStore
-from services.suite import Suite, load_suite
 from services.trajectory import EndReason
 from tests.factories import make_evaluation
 from tests.fixtures import queued_ids

@@ -24,8 +24,8 @@ import httpx
 import pytest
 
 from gateway.client import GatewayClient, GatewayError, GatewayUnreachableError
+from services.pybench.suite import load_suite
 from services.sandbox.contract import EVALUATION_LABEL, GRADING_ROLE, ROLE_LABEL, SANDBOX_ROLE, WORKER_LABEL
-from services.suite import load_suite
 from tests.fixtures import compose_stack, sandbox_objects, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.compose, pytest.mark.docker, pytest.mark.slow]

@@ -25,11 +25,11 @@ from gateway.cli.report import REASON_WIDTH
 from gateway.cli.watch import watch
 from gateway.client import GatewayClient, GatewayError, GatewayUnreachableError
 from gateway.notebook import build_notebook, split_reply
-from services.apikeys import ApiKeyStore
-from services.extraction import extract_code
 from services.lifecycle import TaskLifecycle
+from services.live.apikeys import ApiKeyStore
+from services.pybench.extraction import extract_code
+from services.pybench.recordings import read_recordings
 from services.queues import SessionJob
-from services.recordings import read_recordings
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.trajectory import EndReason, Execution, Message, Turn

@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 from redis import Redis
 
 from gateway.app import create_app
-from services.apikeys import ApiKeyStore
 from services.lifecycle import TaskLifecycle
-from services.suite import load_suite
+from services.live.apikeys import ApiKeyStore
+from services.pybench.suite import load_suite
 from services.verdict import VerdictStatus
 from tests.factories import make_submission, make_verdict
 from tests.fixtures import ADMIN_KEY, gateway_settings, sign_in

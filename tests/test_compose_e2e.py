@@ -14,8 +14,8 @@ import pytest
 from executor.messages import INTERPRETER_PREFIX, opening_messages
 from executor.pool import POOL_EVALUATION
 from gateway.client import GatewayClient, GatewayError
+from services.pybench.suite import load_suite
 from services.sandbox.contract import EVALUATION_LABEL, ROLE_LABEL, SANDBOX_ROLE
-from services.suite import load_suite
 from tests.fixtures import compose_stack, sandbox_objects
 
 pytestmark = [pytest.mark.compose, pytest.mark.docker, pytest.mark.slow]
@@ -67,7 +67,7 @@ def _worker_metrics(service: str, index: int) -> str:
     serves them (its address on the route to Redis)."""
     done = subprocess.run(
         ["docker", "compose", "-p", STACK, "exec", "-T", "--index", str(index), service, "python3", "-m",
-         "services.monitoring"],
+         "services.observability.monitoring"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

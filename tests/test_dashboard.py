@@ -14,8 +14,8 @@ from redis import Redis
 from gateway.app import create_app
 from gateway.dashboard.access import COOKIE
 from gateway.settings import GatewaySettings
-from services.apikeys import ApiKeyStore
 from services.lifecycle import TaskLifecycle
+from services.live.apikeys import ApiKeyStore
 from services.state import StateStore
 from services.store import ArtifactStore
 from services.verdict import GradingOutcome, JudgeMode, Judgment, JudgmentStatus, Verdict, VerdictStatus

@@ -16,7 +16,7 @@ import pytest
 from redis import Redis
 
 from gateway.app import create_app
-from services.apikeys import ApiKeyStore
+from services.live.apikeys import ApiKeyStore
 from services.store import ArtifactStore
 from services.verdict import VerdictStatus
 from tests import dashboard_data as data

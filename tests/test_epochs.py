@@ -12,9 +12,9 @@ from redis import Redis
 from rq import Queue
 
 from gateway.app import create_app
-from services.epochs import epoch_seed
 from services.lifecycle import TaskLifecycle
 from services.queues import SESSIONS_QUEUE
+from services.results.epochs import epoch_seed
 from services.verdict import VerdictStatus
 from tests.factories import make_submission, make_verdict
 from tests.fixtures import ADMIN_KEY, gateway_settings

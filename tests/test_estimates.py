@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from services.estimates import compare, estimate, student_t_quantile
+from services.results.estimates import compare, estimate, student_t_quantile
 
 Outcomes = Mapping[int, Sequence[bool | None]]
 Table = dict[int, list[bool | None]]

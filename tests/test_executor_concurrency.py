@@ -16,8 +16,8 @@ from redis import Redis
 from replay.server import create_app
 from services.evaluation import TaskState
 from services.lifecycle import TaskLifecycle
+from services.pybench.suite import Suite, load_suite
 from services.store import ArtifactStore
-from services.suite import Suite, load_suite
 from tests.factories import make_evaluation
 from tests.servers import serve
 

@@ -23,8 +23,8 @@ from gateway.cli import main
 from gateway.cli.errors import CommandError
 from gateway.cli.export import read_archive
 from gateway.client import GatewayClient, GatewayError
-from services.apikeys import ApiKeyStore
 from services.lifecycle import TaskLifecycle
+from services.live.apikeys import ApiKeyStore
 from services.store import ArtifactStore
 from services.verdict import VerdictStatus
 from tests.factories import make_submission, make_trajectory, make_verdict

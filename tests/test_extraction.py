@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from services.extraction import extract_code, find_cell
-from services.recordings import read_recordings
+from services.pybench.extraction import extract_code, find_cell
+from services.pybench.recordings import read_recordings
 
 
 @pytest.mark.parametrize(

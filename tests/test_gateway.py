@@ -12,8 +12,8 @@ from rq.serializers import JSONSerializer
 
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from services.apikeys import ApiKeyStore
 from services.lifecycle import TaskLifecycle
+from services.live.apikeys import ApiKeyStore
 from services.queues import SESSIONS_QUEUE
 from services.state import StateStore
 from services.store import ArtifactStore

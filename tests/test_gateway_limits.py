@@ -16,7 +16,7 @@ from redis import Redis
 
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from services.apikeys import ApiKeyStore
+from services.live.apikeys import ApiKeyStore
 from tests.fixtures import ADMIN_KEY, BODY, gateway_settings
 from tests.servers import serve
 

@@ -8,13 +8,13 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from grader.jobs import grade_and_record
+from services.endpoint.netguard import EgressPolicy
 from services.evaluation import JudgeConfig, ModelEndpoint, TaskState
 from services.lifecycle import MAX_ATTEMPTS, TaskLifecycle
-from services.netguard import EgressPolicy
+from services.pybench.suite import load_suite
 from services.queues import GRADING_QUEUE, GradeJob, SessionJob
 from services.state import StateStore
 from services.store import ArtifactStore
-from services.suite import load_suite
 from services.trajectory import EndReason
 from services.verdict import VerdictStatus
 from tests.factories import make_evaluation, make_trajectory

@@ -7,7 +7,7 @@ import pytest
 
 from grader.grading import grade
 from grader.variants import VARIANTS, Grading, checks_for
-from services.suite import Suite, load_suite
+from services.pybench.suite import Suite, load_suite
 from services.trajectory import EndReason, Message, Trajectory
 from services.verdict import CheckResult, VerdictStatus
 from tests.factories import make_session_info, make_trajectory

@@ -17,11 +17,11 @@ from redis import Redis
 from grader import shared_output
 from grader.jobs import RunnerFactory, grade_and_record, sandbox_runners
 from services.lifecycle import TaskLifecycle
+from services.pybench.suite import Suite, load_suite
 from services.queues import GradeJob, SessionJob
 from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE, GRADING_ROLE, ROLE_LABEL
 from services.state import StateStore
 from services.store import ArtifactStore
-from services.suite import Suite, load_suite
 from services.trajectory import EndReason
 from services.verdict import Verdict, VerdictStatus
 from tests.factories import make_evaluation, make_trajectory

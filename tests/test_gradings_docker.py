@@ -17,10 +17,10 @@ import pytest
 from grader import session_files
 from grader.file_checks import checker_sources
 from grader.grading import grade
-from services.recordings import recording_of
+from services.pybench.recordings import recording_of
+from services.pybench.suite import Suite, load_suite
 from services.sandbox.contract import DEFAULT_SANDBOX_IMAGE
 from services.sandbox.grading_docker import run_file_checks
-from services.suite import Suite, load_suite
 from services.trajectory import EndReason, Message, Trajectory
 from services.verdict import CheckResult, VerdictStatus
 from tests.servers import files_made_in_sandbox_image

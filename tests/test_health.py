@@ -1,4 +1,5 @@
-"""The containers' health checks (``services/health.py``), run as compose runs them: ``python3 -I -S`` on the file,
+"""The containers' health checks (``services/observability/health.py``), run as compose runs them: ``python3 -I -S``
+on the file,
 against a real Redis (with and without a password), the real Docker engine and a real HTTP server on loopback."""
 
 import http.server
@@ -17,7 +18,7 @@ import yaml
 from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-HEALTH = ROOT / "services" / "health.py"
+HEALTH = ROOT / "services" / "observability" / "health.py"
 
 
 def check(
@@ -121,7 +122,7 @@ def test_compose_and_kubernetes_run_this_check() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     for service in ("executor", "grader"):
         assert compose[service]["healthcheck"]["test"][1:] == [
-            "python3", "-I", "-S", "/app/services/health.py", "redis", "docker"
+            "python3", "-I", "-S", "/app/services/observability/health.py", "redis", "docker"
         ]  # fmt: skip
     for name in ("executor", "grader"):
         manifest = yaml.safe_load_all((ROOT / "k8s" / "base" / f"{name}.yaml").read_text())
@@ -131,7 +132,7 @@ def test_compose_and_kubernetes_run_this_check() -> None:
             if document and document.get("kind") == "Deployment"
             for container in document["spec"]["template"]["spec"]["containers"]
         ]
-        assert probes == [["python3", "-I", "-S", "/app/services/health.py", "redis"]]
+        assert probes == [["python3", "-I", "-S", "/app/services/observability/health.py", "redis"]]
 
 
 def _seconds(duration: str) -> float:

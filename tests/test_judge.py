@@ -25,7 +25,7 @@ from grader.judge import (
     shorten,
 )
 from services.errors import SuiteError, TaskNotFoundError
-from services.recordings import RecordedTrajectory, recording_of
+from services.pybench.recordings import RecordedTrajectory, recording_of
 from services.trajectory import Message
 from tests.judge_server import JudgeServer, Step
 from tests.servers import free_port, serve

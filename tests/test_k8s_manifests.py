@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.netguard import EgressPolicy
+from services.endpoint.netguard import EgressPolicy
 from services.queues import GRADING_QUEUE, SESSIONS_QUEUE
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,6 +11,7 @@ from redis import Redis
 from replay.server import create_app
 from services.evaluation import TaskState
 from services.lifecycle import DEFAULT_RETRY_DELAY_S, MAX_ATTEMPTS, TaskLifecycle, session_retryable
+from services.pybench.suite import Suite, load_suite
 from services.queues import (
     GRADING_QUEUE,
     RETRIES_KEY,
@@ -20,7 +21,6 @@ from services.queues import (
     session_alive,
 )
 from services.store import ArtifactStore
-from services.suite import Suite, load_suite
 from services.trajectory import EndReason
 from services.verdict import VerdictStatus
 from tests.factories import make_evaluation, make_verdict

@@ -14,10 +14,10 @@ from fastapi.testclient import TestClient
 from redis import Redis
 
 from gateway.app import create_app
-from services.components import SANDBOX_IMAGE, advertise, judge_prompt_key
 from services.lifecycle import TaskLifecycle
-from services.manifest import BASELINE_CHECKS_VERSION, graded_key, service_version
-from services.suite import load_suite
+from services.live.components import SANDBOX_IMAGE, advertise, judge_prompt_key
+from services.pybench.suite import load_suite
+from services.results.manifest import BASELINE_CHECKS_VERSION, graded_key, service_version
 from services.verdict import Verdict, VerdictStatus
 from tests.factories import make_verdict
 from tests.fixtures import ADMIN_KEY, BODY, gateway_settings

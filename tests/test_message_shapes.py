@@ -5,9 +5,9 @@ from pathlib import Path
 
 from executor.messages import interpreter_message, opening_messages, output_text
 from executor.output import CellOutput
-from services.pybench import INTERPRETER_PREFIX
-from services.recordings import RecordedTrajectory, read_recordings
-from services.suite import load_suite
+from services.pybench.recordings import RecordedTrajectory, read_recordings
+from services.pybench.rules import INTERPRETER_PREFIX
+from services.pybench.suite import load_suite
 from services.trajectory import Execution
 
 

@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from executor.agent import run_agent
-from services.endpoint import DeadlineExceededError, EndpointClient, retry_after_s
+from services.endpoint.client import DeadlineExceededError, EndpointClient, retry_after_s
 from services.errors import (
     ModelContextLengthError,
     ModelRequestRejectedError,

@@ -1,4 +1,4 @@
-"""The egress guard (services.netguard): URL checks, the allowlist, and the pinned transport.
+"""The egress guard (services.endpoint.netguard): URL checks, the allowlist, and the pinned transport.
 
 Nothing here leaves the machine. An autouse fixture replaces ``socket.getaddrinfo`` and ``socket.socket.connect``
 so that a real lookup of any name but loopback literals (and the names a test maps to loopback), or a connection
@@ -25,7 +25,7 @@ import pytest
 
 from gateway.egress import check_url_field
 from gateway.problems import Problem
-from services.netguard import (
+from services.endpoint.netguard import (
     ALLOWLIST_SETTING,
     EgressPolicy,
     EgressRefusedError,

@@ -24,11 +24,11 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from gateway.app import create_app
-from services.apikeys import ApiKeyStore
-from services.components import advertised, judge_prompt_key
 from services.errors import ConfigurationError
-from services.logs import configure_logging, log_context
-from services.monitoring import metrics_address, record_session, serve_worker_metrics
+from services.live.apikeys import ApiKeyStore
+from services.live.components import advertised, judge_prompt_key
+from services.observability.logs import configure_logging, log_context
+from services.observability.monitoring import metrics_address, record_session, serve_worker_metrics
 from services.trajectory import EndReason, Execution, Trajectory, Turn
 from tests.factories import make_session_info, make_trajectory
 from tests.fixtures import ADMIN_KEY, BODY, gateway_settings
@@ -218,7 +218,12 @@ def test_an_operator_reads_a_workers_metrics_where_it_serves_them(redis_url: str
     assert serve_worker_metrics(port, metrics_address("route-to:redis", redis_url))
     env = {**os.environ, "PBE_METRICS_PORT": str(port), "PBE_REDIS_URL": redis_url}
     done = subprocess.run(
-        [sys.executable, "-m", "services.monitoring"], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT
+        [sys.executable, "-m", "services.observability.monitoring"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
     assert "pbe_sessions_total" in done.stdout

@@ -9,9 +9,9 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from redis import Redis
 
+from services.pybench.suite import Suite, load_suite
 from services.sandbox.base import DEFAULT_MAX_TREE_FILES
 from services.store import ArtifactStore
-from services.suite import Suite, load_suite
 from services.trajectory import EndReason
 from services.verdict import VerdictStatus
 from tests.factories import make_evaluation

@@ -23,8 +23,8 @@ from rq.worker import SimpleWorker
 from executor.messages import INTERPRETER_PREFIX, opening_messages
 from executor.worker import ExecutorWorker
 from gateway.app import create_app
+from services.pybench.suite import load_suite
 from services.queues import GRADING_QUEUE, SESSIONS_QUEUE
-from services.suite import load_suite
 from tests.fixtures import ADMIN_KEY, gateway_settings
 from tests.servers import LlamaServer, smollm2_path
 

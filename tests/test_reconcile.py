@@ -17,10 +17,10 @@ from gateway.reconcile import reconcile
 from gateway.settings import GatewaySettings
 from services.evaluation import TaskState
 from services.lifecycle import MAX_REQUEUES, TaskLifecycle
+from services.pybench.suite import Suite, load_suite
 from services.queues import GRADING_QUEUE, SESSIONS_QUEUE, SessionJob
 from services.state import StateStore
 from services.store import ArtifactStore
-from services.suite import Suite, load_suite
 from services.verdict import Results, VerdictStatus
 from tests.factories import make_submission, make_trajectory, make_verdict
 from tests.servers import RedisServer

@@ -6,14 +6,14 @@ from pathlib import Path
 import pytest
 
 from services.errors import SuiteError, TaskNotFoundError
-from services.pybench import (
+from services.pybench.recordings import RecordedTrajectory, read_recordings, recording_of
+from services.pybench.rules import (
     INTERPRETER_PREFIX,
     data_message_text,
     interpreter_output,
     is_interpreter_message,
     task_query,
 )
-from services.recordings import RecordedTrajectory, read_recordings, recording_of
 from services.trajectory import Message
 
 

@@ -17,12 +17,12 @@ from gateway.reconcile import reconcile
 from grader import grading
 from grader.jobs import grade_and_record
 from grader.variants import VARIANTS
+from services.endpoint.netguard import EgressPolicy
 from services.lifecycle import TaskLifecycle
-from services.manifest import service_version
-from services.netguard import EgressPolicy
+from services.pybench.suite import Suite, load_suite
 from services.queues import GRADING_QUEUE, SESSIONS_QUEUE, GradeJob, SessionJob
+from services.results.manifest import service_version
 from services.store import ArtifactStore
-from services.suite import Suite, load_suite
 from services.task import Task
 from tests.factories import make_submission, make_trajectory
 from tests.fixtures import ADMIN_KEY, gateway_settings, test_secrets

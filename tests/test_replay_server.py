@@ -8,10 +8,10 @@ import pytest
 
 from replay.recordings import load_recordings
 from replay.server import END_OF_RECORDING, SEED_GIVES_UP, create_app
-from services.endpoint import EndpointClient
+from services.endpoint.client import EndpointClient
 from services.errors import ConfigurationError, ModelResponseError
-from services.extraction import extract_code
-from services.recordings import recording_of
+from services.pybench.extraction import extract_code
+from services.pybench.recordings import recording_of
 from services.trajectory import Message
 from tests.servers import serve
 

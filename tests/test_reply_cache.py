@@ -1,4 +1,5 @@
-"""Paying once: the reply cache (``services.replies``) and the evaluation's spend (``services.spend``) against a
+"""Paying once: the reply cache (``services.live.replies``) and the evaluation's spend (``services.live.spend``)
+against a
 real Redis and a real model server on loopback; then a session whose sandbox is killed in its middle, retried
 with the cache on, through the executor's job, a real sandbox container and the replay model."""
 
@@ -21,16 +22,16 @@ from executor.jobs import execute_session
 from executor.settings import ExecutorSettings
 from grader.grading import grade
 from replay.server import create_app
-from services.endpoint import Completion, EndpointClient
+from services.endpoint.client import Completion, EndpointClient
 from services.evaluation import Budgets, Evaluation, EvaluationCreate, ModelEndpoint, Prices, Sampling
 from services.lifecycle import TaskLifecycle
+from services.live.replies import MAX_CACHED_REPLY_BYTES, REPLY_TTL_S, ReplyCache, request_key
+from services.live.spend import SpendLedger
+from services.pybench.suite import load_suite
 from services.queues import RETRIES_KEY, SessionJob
-from services.replies import MAX_CACHED_REPLY_BYTES, REPLY_TTL_S, ReplyCache, request_key
 from services.sandbox.contract import EVALUATION_LABEL
 from services.sandbox.docker import DockerSandboxBackend
-from services.spend import SpendLedger
 from services.store import ArtifactStore
-from services.suite import load_suite
 from services.trajectory import EndReason, Trajectory
 from tests.fixtures import docker_executor_settings, test_secrets
 from tests.servers import serve

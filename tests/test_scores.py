@@ -2,7 +2,7 @@
 
 import pytest
 
-from services.scores import build_results, compute_metrics
+from services.results.scores import build_results, compute_metrics
 from services.verdict import GradingOutcome, VerdictStatus
 from tests.factories import make_verdict
 

@@ -12,9 +12,9 @@ from redis import Redis
 from gateway.app import create_app
 from services.errors import ConfigurationError
 from services.lifecycle import TaskLifecycle
-from services.secretbox import SecretBox, SecretsKeyMissingError, new_key
+from services.live.secretbox import SecretBox, SecretsKeyMissingError, new_key
+from services.pybench.suite import load_suite
 from services.state import StateStore
-from services.suite import load_suite
 from tests.factories import make_evaluation
 from tests.fixtures import ADMIN_KEY, BODY, gateway_settings, test_secrets
 from tests.servers import RedisServer

@@ -18,12 +18,12 @@ from executor.messages import INTERPRETER_PREFIX, opening_messages
 from replay.server import create_app
 from services.evaluation import Evaluation, ModelEndpoint, Sampling, TaskState
 from services.lifecycle import TaskLifecycle
+from services.pybench.recordings import recording_of
+from services.pybench.suite import load_suite
 from services.queues import GRADING_QUEUE, GradeJob, SessionJob, grade_job_id
-from services.recordings import recording_of
 from services.sandbox.docker import DockerSandboxBackend
 from services.state import StateStore
 from services.store import ArtifactStore
-from services.suite import load_suite
 from services.trajectory import EndReason
 from tests.fixtures import docker_executor_settings, test_secrets
 from tests.servers import free_port, serve

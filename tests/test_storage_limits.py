@@ -21,14 +21,14 @@ from rq.serializers import JSONSerializer
 from gateway import reconcile
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
-from services.apikeys import ApiKeyStore
 from services.lifecycle import TaskLifecycle
+from services.live.apikeys import ApiKeyStore
+from services.live.retention import MIB, RetentionPolicy, expire_old, storage_used
+from services.pybench.suite import load_suite
 from services.queues import SESSIONS_QUEUE
-from services.retention import MIB, RetentionPolicy, expire_old, storage_used
-from services.scores import build_results
+from services.results.scores import build_results
 from services.state import StateStore
 from services.store import EXPIRED_MARKER, ArtifactStore
-from services.suite import load_suite
 from services.verdict import VerdictStatus
 from tests.factories import make_trajectory, make_verdict
 from tests.fixtures import ADMIN_KEY, BODY, gateway_settings, sign_in, wait_for

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from services.errors import SuiteError, TaskNotFoundError
-from services.suite import load_suite
+from services.pybench.suite import load_suite
 
 MISSING = [13, 17, 23, 25, 34, 42, 54, 55, 56, 66, 142]
 

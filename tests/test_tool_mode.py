@@ -17,11 +17,11 @@ from redis import Redis
 from executor.agent import EXECUTE_PYTHON_TOOL, run_agent
 from executor.calls import SessionModel
 from executor.kernel import KernelClient
-from services.endpoint import EndpointClient
+from services.endpoint.client import EndpointClient
 from services.evaluation import Budgets, Evaluation, ModelEndpoint, Prices, Sampling
+from services.live.spend import SpendLedger
 from services.sandbox.base import SandboxSpec
 from services.sandbox.local import LocalSandboxBackend
-from services.spend import SpendLedger
 from services.trajectory import EndReason, Message
 from tests.servers import serve
 

@@ -16,7 +16,7 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from services.liveness import DEFAULT_HEARTBEAT_TTL_S
+from services.live.liveness import DEFAULT_HEARTBEAT_TTL_S
 from services.queues import job_alive
 
 QUEUE = "pbe-liveness-test"

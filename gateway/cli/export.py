@@ -2,7 +2,7 @@
 one notebook and the saved files per task, written to a folder from one download of the evaluation's archive::
 
     <out>/results.json
-    <out>/manifest.json                 what the run ran with (``services.manifest``)
+    <out>/manifest.json                 what the run ran with (``services.results.manifest``)
     <out>/trajectory.jsonl              one line per task that ran: ``messages`` + index, category1, user
     <out>/notebooks/<task>.ipynb        with --notebooks
     <out>/files/<task>/<name>           with --files: what each session saved under ./output
@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway.client import GatewayClient
 from gateway.notebook import build_notebook
-from services.pybench import task_query
+from services.pybench.rules import task_query
 from services.trajectory import Trajectory
 
 from .errors import CommandError, UsageError
@@ -83,7 +83,7 @@ class ArchiveContents:
 
     results: bytes = b""
     manifest: dict[str, Any] | None = None
-    """The evaluation's run manifest (``services.manifest``), from its ``evaluation.json``."""
+    """The evaluation's run manifest (``services.results.manifest``), from its ``evaluation.json``."""
     tasks: list[int] = field(default_factory=list)
     """The evaluation's tasks, from its ``evaluation.json``."""
     trajectories: dict[int, Trajectory] = field(default_factory=dict)

@@ -6,7 +6,7 @@ cluster address), ``--no-preflight`` skips it.
 
 import httpx
 
-from services.endpoint import EndpointClient
+from services.endpoint.client import EndpointClient
 from services.errors import ModelEndpointError
 
 from .errors import PreflightError
@@ -27,7 +27,7 @@ def served_models(
     transport: httpx.BaseTransport | None = None,
 ) -> list[str]:
     """The ids of the models an OpenAI-compatible endpoint lists at ``{base_url}/models``, asked once (through
-    ``services.endpoint``, without retries: the user is waiting).
+    ``services.endpoint.client``, without retries: the user is waiting).
 
     ``role`` (``model`` or ``judge``) names the endpoint in messages; the key is sent as a bearer token and
     never appears in one.

@@ -6,7 +6,7 @@ A bar may carry its 95% interval, drawn as an error bar: a vertical line from th
 each, in an ``<g class="error-bar">`` whose ``data-low`` and ``data-high`` hold the ends as given (rates in 0..1) and
 whose ``<title>`` states them. A bar without an interval gets no error bar (nothing is made up). The interval need not
 be centred on the bar: a bar is the rate over every task, its interval is over the tasks the grading decided
-(``services.estimates``), and the tooltip says over how many and around which mean.
+(``services.results.estimates``), and the tooltip says over how many and around which mean.
 """
 
 from collections.abc import Sequence
@@ -21,7 +21,8 @@ SERIES_COLOURS = ("#3b6fb6", "#2e9d6a", "#c7772a", "#8a5cc2", "#c24d5c", "#5a8f9
 
 @dataclass(frozen=True)
 class Interval:
-    """The 95% interval of a rate (``services.estimates.RateEstimate``'s fields): its ends, its mean and how many
+    """The 95% interval of a rate (``services.results.estimates.RateEstimate``'s fields): its ends, its mean and how
+    many
     tasks it is over."""
 
     low: float

@@ -9,7 +9,7 @@ from markupsafe import Markup
 
 from gateway.dashboard.highlight import highlight_python
 from gateway.notebook import split_reply
-from services.pybench import DATA_MESSAGE_PREFIX, interpreter_output, is_interpreter_message
+from services.pybench.rules import DATA_MESSAGE_PREFIX, interpreter_output, is_interpreter_message
 from services.trajectory import Execution, Trajectory, Turn
 
 _BASE64 = re.compile(r"^[A-Za-z0-9+/]+={0,2}$")

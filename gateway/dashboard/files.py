@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 from fastapi.responses import FileResponse
 
 from services.errors import SuiteError
-from services.suite import Suite
+from services.pybench.suite import Suite
 from services.task import Task
 
 IMAGE_TYPES = {

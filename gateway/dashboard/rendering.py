@@ -32,7 +32,7 @@ SECURITY_HEADERS = {
 
 
 def interval(row: dict[str, Any] | None) -> str:
-    """A rate with its 95% interval and what it is over (``services.estimates``' fields): ``62.5% [41.0-84.0] of
+    """A rate with its 95% interval and what it is over (``services.results.estimates``' fields): ``62.5% [41.0-84.0] of
     8``, or a dash when no task was decided."""
     if not row or row.get("mean") is None:
         return "–"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from redis import Redis
 
-from services.apikeys import BOOTSTRAP_ID, ApiKey, ApiKeyStore
+from services.live.apikeys import BOOTSTRAP_ID, ApiKey, ApiKeyStore
 
 SESSION_PREFIX = "pbe:dashboard:session:"
 """Redis key prefix of the dashboard's sessions."""

@@ -17,12 +17,12 @@ from gateway.dashboard.conversation import Block, conversation
 from gateway.dashboard.files import kind, reference_names, suite_path
 from gateway.dashboard.previews import Preview, preview
 from gateway.dashboard.summaries import CACHE, TaskSummary
-from services.comparison import paired
 from services.errors import ArtifactNotFoundError, StoreError
 from services.evaluation import Evaluation, EvaluationStatus, Progress
+from services.pybench.suite import Suite
+from services.results.comparison import paired
 from services.state import EvaluationNotFoundError, StateStore
 from services.store import ArtifactStore
-from services.suite import Suite
 from services.task import PAPER_CATEGORIES
 from services.trajectory import Trajectory
 from services.verdict import Metrics, Results, Verdict, VerdictStatus
@@ -119,7 +119,8 @@ class EvaluationPage:
 
 def _interval_of(statistics: Mapping[str, Any], grading: str, category: str | None) -> Interval | None:
     """The 95% interval of ``grading``'s pass rate (``category`` None: over the suite) in a results document's
-    ``statistics`` (``services.comparison.estimates``), or None when it has none (no such grading or category, or
+    ``statistics`` (``services.results.comparison.estimates``), or None when it has none (no such grading or category,
+    or
     too few tasks decided for an interval)."""
     parts = statistics.get(grading)
     if not parts:
@@ -322,7 +323,7 @@ class ComparePage:
     """``wins[i][j]``: tasks evaluation i passes and evaluation j does not."""
     paired_test: dict[str, Any] | None = None
     """For two comparable evaluations: the paired test of the second against the first, per grading
-    (``services.comparison.paired``, as ``GET /v1/compare`` gives it); None otherwise."""
+    (``services.results.comparison.paired``, as ``GET /v1/compare`` gives it); None otherwise."""
 
 
 def compare_page(state: StateStore, suite: Suite, evaluations: list[Evaluation]) -> ComparePage:

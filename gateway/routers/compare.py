@@ -3,7 +3,7 @@
 ``GET /v1/compare?a=<id>&b=<id>``: for each grading (original, fixed, and the judge's where both were judged), the
 mean per-task difference B minus A with its standard error and 95% interval, and a p-value from a paired test
 (exact McNemar for one epoch each, a sign-flip permutation test otherwise), overall and per category
-(``services.comparison``, ``services.estimates``; docs/protocol.md states them). Only runs with the same
+(``services.results.comparison``, ``services.results.estimates``; docs/protocol.md states them). Only runs with the same
 ``comparable_key`` are compared (the same suite content, tasks, prompt, mode and turn limit, and verdicts graded with
 the same checks), and only once both have completed.
 """
@@ -17,8 +17,8 @@ from gateway.auth import Caller
 from gateway.deps import StateDep
 from gateway.problems import Problem
 from gateway.routers.evaluations import owned
-from services.comparison import paired
 from services.evaluation import Evaluation, EvaluationStatus
+from services.results.comparison import paired
 from services.state import EVALUATION_ID
 
 router = APIRouter(prefix="/v1/compare", tags=["compare"])

@@ -1,6 +1,7 @@
 """The epochs of a run: ``GET /v1/evaluations/{id}/epochs`` (any epoch's id) lists them, with each epoch's seed
 and status, and the run's statistics over every epoch's verdicts: per grading and category the mean over epochs,
-its standard error clustered by task, a 95% interval, pass@k for k = 1..epochs and pass^k (``services.estimates``).
+its standard error clustered by task, a 95% interval, pass@k for k = 1..epochs and pass^k
+(``services.results.estimates``).
 Statistics over unfinished epochs cover the tasks graded so far (``complete`` says whether every epoch finished).
 """
 
@@ -12,8 +13,8 @@ from gateway import readmodel
 from gateway.auth import Caller
 from gateway.deps import StateDep
 from gateway.routers.evaluations import owned
-from services.comparison import estimates
 from services.evaluation import EvaluationStatus
+from services.results.comparison import estimates
 
 router = APIRouter(prefix="/v1/evaluations", tags=["evaluations"])
 

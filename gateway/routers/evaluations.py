@@ -18,9 +18,7 @@ from gateway.preflight import preflight
 from gateway.problems import Problem
 from gateway.settings import GatewaySettings
 from gateway.streams import event_response
-from services.apikeys import ApiKey
-from services.components import advertised
-from services.epochs import epoch_concurrency, epoch_sampling
+from services.endpoint.netguard import EgressPolicy
 from services.errors import ArtifactNotFoundError
 from services.evaluation import (
     Evaluation,
@@ -30,13 +28,15 @@ from services.evaluation import (
     EvaluationView,
     TaskState,
 )
-from services.manifest import build_manifest
-from services.netguard import EgressPolicy
-from services.retention import MIB, storage_used
-from services.secretbox import SecretsKeyMissingError
+from services.live.apikeys import ApiKey
+from services.live.components import advertised
+from services.live.retention import MIB, storage_used
+from services.live.secretbox import SecretsKeyMissingError
+from services.pybench.suite import Suite
+from services.results.epochs import epoch_concurrency, epoch_sampling
+from services.results.manifest import build_manifest
 from services.state import EvaluationNotFoundError, StateStore
 from services.store import ArtifactStore
-from services.suite import Suite
 from services.trajectory import Trajectory
 from services.verdict import Results, Verdict
 
@@ -72,7 +72,7 @@ def _selected_tasks(body: EvaluationCreate, suite: Suite) -> list[int]:
 
 def _check_storage_quota(redis: Redis, store: ArtifactStore, owner: str, settings: GatewaySettings) -> None:
     """Refuse a submission by a key whose evaluations' trajectories and files already take its storage quota
-    (``services.retention.storage_used``); nothing to check when the quota is 0.
+    (``services.live.retention.storage_used``); nothing to check when the quota is 0.
 
     Raises:
         Problem: 409 at or over ``PBE_STORAGE_QUOTA_MB_PER_KEY``, saying the usage, the quota and what frees space.

@@ -1,7 +1,7 @@
 """The leaderboard: completed evaluations ranked only against comparable ones.
 
 Two runs are comparable when their manifests share a ``comparable_key``: the same suite content, the same tasks,
-system prompt, mode and turn limit, and current verdicts graded with the same checks (``services.manifest``; a
+system prompt, mode and turn limit, and current verdicts graded with the same checks (``services.results.manifest``; a
 regrade with other checks moves a run to another group once it completes). Each group is ranked on its own, per
 model its best and latest run, with per-category pass rates, tokens and cost; groups come in order of their task
 count, largest first, so a three-task run never outranks a full one. Evaluations stored before manifests were
@@ -16,10 +16,10 @@ from pydantic import BaseModel
 from gateway import readmodel
 from gateway.auth import Caller
 from gateway.deps import StateDep
-from services.comparison import Outcomes, outcomes
-from services.estimates import compare, estimate
 from services.evaluation import Evaluation, EvaluationStatus
-from services.scores import compute_metrics
+from services.results.comparison import Outcomes, outcomes
+from services.results.estimates import compare, estimate
+from services.results.scores import compute_metrics
 
 router = APIRouter(prefix="/v1/leaderboard", tags=["leaderboard"])
 
@@ -43,7 +43,8 @@ class Standing(BaseModel):
     """The original grading's pass rate per PyBench category."""
     ci_low: float | None = None
     ci_high: float | None = None
-    """The 95% interval of the original grading's pass rate over the tasks it decided (``services.estimates``)."""
+    """The 95% interval of the original grading's pass rate over the tasks it decided
+    (``services.results.estimates``)."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float | None = None

@@ -5,7 +5,7 @@ the grader has now and, when ``judge`` is given, a new LLM judge: no session sta
 the judge). The evaluation's ``grading`` goes up by one; each new verdict records it, with the grader build and the
 checks hash it was graded with, and the store keeps the verdict each replaced as ``verdict-grading-<n>.json``
 beside it. The manifest lists the grading (``manifest.gradings``), filled in when it completes; its comparable key
-changes only when the new verdicts were graded with other checks (``services.manifest``).
+changes only when the new verdicts were graded with other checks (``services.results.manifest``).
 """
 
 from fastapi import APIRouter, Request

@@ -14,7 +14,7 @@ One module per job:
 - ``render``: a trajectory rendered compactly for a prompt;
 - ``judgment``: the judge model's answer read into a ``services.verdict.Judgment`` (the one judgment type,
   stored whole in the verdict);
-- ``client``: ``Judge``, which asks through ``services.endpoint`` with its response-format fallback;
+- ``client``: ``Judge``, which asks through ``services.endpoint.client`` with its response-format fallback;
 - ``session``: the grader job's entry, ``judge_session`` and ``judge_key_lost``.
 
 Failure contract: the judge returns an ``error`` or ``unparseable`` judgment for whatever the endpoint or the

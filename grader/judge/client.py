@@ -1,5 +1,5 @@
 """The ``Judge``: asks a chat model on an OpenAI-compatible endpoint for a judgment, through the one endpoint
-client (``services.endpoint``: its retry policy, Retry-After and key redaction).
+client (``services.endpoint.client``: its retry policy, Retry-After and key redaction).
 
 The judge asks for one JSON object. It requests structured output (``response_format`` ``json_schema``); when
 the server rejects that (400 or 422, or any error status whose body names ``response_format``, as
@@ -26,7 +26,7 @@ from pydantic import SecretStr
 from grader.judge.judgment import read_answer
 from grader.judge.prompts import ABSOLUTE_USER_TEMPLATE, PAIRWISE_USER_TEMPLATE, PROMPTS, Prompt, prompt_hash
 from grader.judge.render import DEFAULT_MAX_TRAJECTORY_CHARS, render_trajectory, shorten
-from services.endpoint import (
+from services.endpoint.client import (
     DEFAULT_BACKOFF_S,
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_MAX_BACKOFF_S,
@@ -117,11 +117,11 @@ class Judge:
             model: the judge model's name, as the endpoint knows it.
             api_key: sent as ``Authorization: Bearer``; never logged or returned.
             timeout_s: seconds per request (read, write, pool); ``connect_timeout_s`` to connect.
-            retries, backoff_s, max_backoff_s: the endpoint client's retry policy (``services.endpoint``).
+            retries, backoff_s, max_backoff_s: the endpoint client's retry policy (``services.endpoint.client``).
             temperature, max_tokens: the judge's sampling.
             max_trajectory_chars: the rendered size of each trajectory in a prompt.
             response_format: the first format to ask for; the judge falls back from it when rejected.
-            transport: an httpx transport (``services.netguard.pinned_transport``, tests); the default opens
+            transport: an httpx transport (``services.endpoint.netguard.pinned_transport``, tests); the default opens
                 plain connections.
 
         Raises:
@@ -201,7 +201,7 @@ class Judge:
         Args:
             query: the task's query.
             messages: the candidate's messages, ``{"role", "content"}`` mappings (or ``Message`` objects).
-            reference: the reference's messages (e.g. ``services.recordings.recording_of(...).messages``).
+            reference: the reference's messages (e.g. ``services.pybench.recordings.recording_of(...).messages``).
 
         Returns:
             ``passed`` or ``failed`` (the candidate) with the preference; ``unparseable`` or ``error`` otherwise.

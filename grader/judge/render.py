@@ -4,7 +4,7 @@ the whole bounded (the middle is cut; the opening and the final answer are kept)
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from services.pybench import interpreter_output, is_interpreter_message
+from services.pybench.rules import interpreter_output, is_interpreter_message
 
 DEFAULT_MAX_TRAJECTORY_CHARS = 16_000
 """The rendered size of one trajectory in a prompt; the middle is cut, the opening and the final answer kept."""

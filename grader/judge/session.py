@@ -2,7 +2,7 @@
 job calls.
 
 The judge's key comes from the secret store (never from the job's arguments). In pairwise mode the reference
-is the suite's recorded trajectory of the task (``trajectory.jsonl``, read by ``services.recordings``); a task
+is the suite's recorded trajectory of the task (``trajectory.jsonl``, read by ``services.pybench.recordings``); a task
 without a recording, or a file that cannot be read, is shown to the judge as "no trajectory", as PyBench does.
 A judge that fails, answers out of schema or sits behind a refused URL gives an ``error`` or ``unparseable``
 judgment: it is counted, never dropped and never raised.
@@ -15,10 +15,10 @@ from pydantic import SecretStr
 
 from grader.judge.client import Judge
 from grader.judge.prompts import prompt_hash
+from services.endpoint.netguard import EgressPolicy, pinned_transport
 from services.errors import SuiteError
 from services.evaluation import JudgeConfig
-from services.netguard import EgressPolicy, pinned_transport
-from services.recordings import recording_of
+from services.pybench.recordings import recording_of
 from services.task import Task
 from services.trajectory import Trajectory
 from services.verdict import JudgeMode, Judgment, JudgmentStatus

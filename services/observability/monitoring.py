@@ -186,7 +186,7 @@ def gateway_registry(redis: Redis) -> CollectorRegistry:
 
 
 def main() -> int:
-    """``python3 -m services.monitoring``: print this worker's series, read where it serves them (its
+    """``python3 -m services.observability.monitoring``: print this worker's series, read where it serves them (its
     ``PBE_METRICS_HOST`` and ``PBE_METRICS_PORT``), as an operator inside its container would."""
     from services.settings import ServiceSettings
 

@@ -7,7 +7,8 @@ a quarter of what a replay of the whole suite spent outside its cells. This one 
 (``PING`` to Redis, ``GET /_ping`` to the engine's socket, a ``GET`` over HTTP) and is run as a file with
 ``python3 -I -S`` (no site-packages, no project package imported), which costs a few milliseconds.
 
-Usage: ``python3 -I -S /app/services/health.py redis [docker] [http://127.0.0.1:8080/health]``. ``redis`` reads
+Usage: ``python3 -I -S /app/services/observability/health.py redis [docker] [http://127.0.0.1:8080/health]``.
+``redis`` reads
 ``PBE_REDIS_URL`` (``redis://[:password@]host[:port][/db]``; ``rediss://`` over TLS), ``docker`` reads
 ``DOCKER_HOST`` (``unix://`` or ``tcp://``, default the local socket). Exits 0 when every target answered, else 1
 with one line per failure on stderr naming what did not answer.

@@ -1,5 +1,6 @@
 """What the running workers say they run with, kept in Redis for the gateway to read when it records a run's
-manifest (``services.manifest``): the executors advertise the session sandboxes' image, the graders the hashes of
+manifest (``services.results.manifest``): the executors advertise the session sandboxes' image, the graders the hashes
+of
 the judge's prompts. The gateway imports neither executor nor grader code, so this is how it learns them::
 
     pbe:components    hash: sandbox_image -> "pybench-eval/sandbox:latest@sha256:...",

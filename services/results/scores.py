@@ -1,5 +1,5 @@
 """PyBench's scores over a list of verdicts: pass rates overall and per paper category, average turns, tokens
-and cost (not the Prometheus series: those are ``services.monitoring``).
+and cost (not the Prometheus series: those are ``services.observability.monitoring``).
 
 Each pass rate comes twice: over every task of the evaluation, as the benchmark divides by all 143
 (unavailable, ungradable and infra-failed tasks count as not passed, their counts beside it), and over the
@@ -9,8 +9,8 @@ tasks the grading could decide. Both gradings are reported: ``original`` at the 
 from collections.abc import Sequence
 from statistics import fmean
 
-from services.comparison import estimates
 from services.evaluation import Prices
+from services.results.comparison import estimates
 from services.task import PAPER_CATEGORIES
 from services.verdict import (
     AgreementMatrix,

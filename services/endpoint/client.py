@@ -32,7 +32,7 @@ Errors (``services.errors``), raised by ``Reply.completion`` and ``Reply.models`
 ``chat`` and ``listing`` raise nothing for what the endpoint does (``chat`` raises ``ValueError`` when the client
 has no model); the constructor raises ``ValueError`` for a negative limit.
 
-The API key is sent as a bearer token only; every text that came back is redacted (``services.redaction``)
+The API key is sent as a bearer token only; every text that came back is redacted (``services.endpoint.redaction``)
 before anyone sees it, so the key appears in no message, log line, ``Reply`` or repr.
 """
 
@@ -51,14 +51,14 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, SecretStr
 
+from services.endpoint.netguard import EgressRefusedError
+from services.endpoint.redaction import redact
 from services.errors import (
     ModelContextLengthError,
     ModelRequestRejectedError,
     ModelResponseError,
     ModelUnreachableError,
 )
-from services.netguard import EgressRefusedError
-from services.redaction import redact
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class Completion:
     requests: int = 1
     """HTTP requests sent for it, retries included (0 for a reply replayed from the evaluation's reply cache)."""
     replayed: bool = False
-    """It came from the evaluation's reply cache (``services.replies``): no model call was made for it."""
+    """It came from the evaluation's reply cache (``services.live.replies``): no model call was made for it."""
 
 
 @dataclass(frozen=True)
@@ -362,7 +362,7 @@ class EndpointClient:
             max_reply_bytes: the most bytes of a chat-completion answer read; ``max_listing_bytes`` of ``/models``.
                 A larger answer is not read on and not retried (``Reply.check`` raises ``ModelResponseError``).
             cap_setting: the setting that raises ``max_reply_bytes``, named when an answer is refused for its size.
-            transport: an httpx transport, e.g. ``services.netguard.pinned_transport(policy)`` so that only
+            transport: an httpx transport, e.g. ``services.endpoint.netguard.pinned_transport(policy)`` so that only
                 permitted addresses are reached; the default opens plain connections.
 
         Raises:

@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from services.categories import paper_category
 from services.errors import SuiteError, TaskNotFoundError
+from services.pybench.categories import paper_category
 from services.task import Task, TaskInput, TaskSummary
 
 

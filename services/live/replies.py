@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from redis import Redis
 from redis.exceptions import RedisError
 
-from services.endpoint import Completion
+from services.endpoint.client import Completion
 from services.state import evaluation_key
 
 log = logging.getLogger(__name__)

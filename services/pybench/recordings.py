@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from services.errors import SuiteError, TaskNotFoundError
-from services.pybench import task_query
+from services.pybench.rules import task_query
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Literal
 
-from services.components import SANDBOX_IMAGE, judge_prompt_key
 from services.evaluation import EvaluationCreate, GradingRecord, JudgeConfig, RunManifest
-from services.suite import Suite
+from services.live.components import SANDBOX_IMAGE, judge_prompt_key
+from services.pybench.suite import Suite
 from services.verdict import Verdict, VerdictStatus
 
 PACKAGE = "pybench-eval"
@@ -104,7 +104,7 @@ def comparable_key(
 
 def build_manifest(body: EvaluationCreate, suite: Suite, tasks: list[int], components: dict[str, str]) -> RunManifest:
     """The manifest of a submission accepted for ``tasks`` of ``suite``; ``components``: what the workers
-    advertised (``services.components.advertised``).
+    advertised (``services.live.components.advertised``).
 
     Raises:
         SuiteError: the suite has no such prompt.

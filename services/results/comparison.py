@@ -1,4 +1,5 @@
-"""Verdicts as outcomes for the statistics (``services.estimates``): each task's pass or fail under a grading, or
+"""Verdicts as outcomes for the statistics (``services.results.estimates``): each task's pass or fail under a grading,
+or
 None where the grading could not decide (an infrastructure failure, an unavailable or ungradable task, a judge
 that gave no answer), and the paired comparison of two evaluations of the same comparable runs.
 
@@ -9,7 +10,7 @@ intent), ``judge`` (the LLM judge's judgment; ``unparseable`` counts as not pass
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from services.estimates import PairedComparison, RateEstimate, compare, estimate
+from services.results.estimates import PairedComparison, RateEstimate, compare, estimate
 from services.verdict import JudgmentStatus, Verdict, VerdictStatus
 
 Outcomes = dict[int, list[bool | None]]
