@@ -115,7 +115,23 @@ class JudgeConfig(BaseModel):
 class EvaluationCreate(BaseModel):
     """The body of ``POST /v1/evaluations``."""
 
-    model_config = {"extra": "forbid"}
+    model_config = {
+        "extra": "forbid",
+        # The cost limit's rule (``_cost_needs_prices``) in the schema too, so clients and fuzzers know it.
+        "json_schema_extra": {
+            "if": {
+                "properties": {
+                    "budgets": {
+                        "type": "object",
+                        "properties": {"max_cost_usd": {"type": "number"}},
+                        "required": ["max_cost_usd"],
+                    }
+                },
+                "required": ["budgets"],
+            },
+            "then": {"properties": {"prices": {"type": "object"}}, "required": ["prices"]},
+        },
+    }
 
     model: ModelEndpoint
     api_key: SecretStr | None = Field(default=None, description="Sent as a bearer token; never stored in clear.")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import docker
 import httpx
+import jsonschema
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -129,6 +130,11 @@ def test_a_cost_limit_needs_prices() -> None:
         EvaluationCreate.model_validate(body)
     priced = EvaluationCreate.model_validate(body | {"prices": {"input_per_million": 1, "output_per_million": 2}})
     assert priced.budgets == Budgets(max_cost_usd=1)
+    # the published schema says the same, so a client (or the API fuzzer) never sends what the validator refuses
+    schema = jsonschema.Draft202012Validator(EvaluationCreate.model_json_schema())
+    assert not schema.is_valid(body)
+    assert schema.is_valid(body | {"prices": {"input_per_million": 1, "output_per_million": 2}})
+    assert schema.is_valid(body | {"budgets": {"max_cost_usd": None}}) and schema.is_valid(body | {"budgets": None})
 
 
 # --- a sandbox killed in the middle of a session, retried with the cache on ------------------------------------
