@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ MODEL_NAME = "smollm2"
 
 def submission(args: argparse.Namespace) -> dict[str, Any]:
     """The evaluation's body: the model and the judge on the same llama.cpp server, one epoch, the suite's prompt,
-    short replies (a CPU model), few sessions at once (one server answers one request at a time)."""
+    short replies (a CPU model), one session at a time (see ``--max-concurrency``)."""
     endpoint = {"base_url": args.model_url, "model": args.model}
     body: dict[str, Any] = {
         "model": endpoint,
@@ -110,19 +111,31 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per reply at most")
     parser.add_argument("--temperature", type=float, default=0.2, help="PyBench samples at 0.2")
     parser.add_argument("--seed", type=int, default=20261128)
-    parser.add_argument("--max-concurrency", type=int, default=2)
+    # One session at a time: llama.cpp's server keeps the last prompt's cache, so a conversation's next turn evaluates
+    # only its new tokens; two interleaved conversations made it evaluate every prompt whole (2,000 tokens at ~150
+    # a second on one thread: 20 to 30 s a call, against 5 to 8).
+    parser.add_argument("--max-concurrency", type=int, default=1)
     parser.add_argument("--max-seconds-per-task", type=float, default=0.0, help="a time budget per task (0: none)")
     parser.add_argument("--no-judge", dest="judge", action="store_false")
     parser.add_argument("--timeout", type=float, default=4 * 3600.0)
+    parser.add_argument("--follow", metavar="ID", help="attach to an evaluation already submitted (a rerun's report)")
     parser.add_argument("--out", type=Path, default=ROOT / "var" / "bench-real-model")
     args = parser.parse_args()
     os.environ.setdefault("PBE_API_KEY", os.environ.get("PBE_ADMIN_KEY", ""))
-    client = GatewayClient(args.gateway, api_key=os.environ.get("PBE_API_KEY"))
+    # The submission's preflight asks the model first, which answers one request at a time: give it minutes, and
+    # an idempotency key, so that a submission retried after a lost answer is the same evaluation.
+    client = GatewayClient(args.gateway, api_key=os.environ.get("PBE_API_KEY"), timeout_s=600.0)
 
     started = time.monotonic()
-    view = client.submit(submission(args))
+    if args.follow:
+        view = client.evaluation(args.follow)
+        created = datetime.fromisoformat(view["evaluation"]["created_at"].replace("Z", "+00:00"))
+        started -= max(0.0, time.time() - created.timestamp())  # the wall time counts from its submission
+        print(f"evaluation {args.follow}: following ({view['progress']['total']} tasks)", flush=True)
+    else:
+        view = client.submit(submission(args), idempotency_key=f"bench-real-model-{os.getpid()}-{time.time():.0f}")
+        print(f"evaluation {view['evaluation']['id']}: {view['progress']['total']} tasks submitted", flush=True)
     evaluation_id = view["evaluation"]["id"]
-    print(f"evaluation {evaluation_id}: {view['progress']['total']} tasks submitted to {args.model}", flush=True)
     follow(client, evaluation_id, args.timeout, every_s=60.0)
     wall_s = time.monotonic() - started
     results = client.results(evaluation_id)
