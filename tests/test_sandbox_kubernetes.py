@@ -24,14 +24,15 @@ from executor.kernel import KernelClient
 from executor.settings import ExecutorSettings
 from grader.file_checks import checker_sources
 from grader.settings import GraderSettings
-from services.errors import SandboxError, SandboxStartError, SandboxUnavailableError
+from services.errors import ConfigurationError, SandboxError, SandboxStartError, SandboxUnavailableError
 from services.sandbox import grading
 from services.sandbox.base import EXEC_TIMEOUT_STATUS, SandboxSpec
 from services.sandbox.contract import UNATTENDED_LIFETIME_S, SandboxHandle
-from services.sandbox.grading_backends import file_check_backend
+from services.sandbox.docker import DockerSandboxBackend
+from services.sandbox.grading_backends import file_check_backend, grading_backend
 from services.sandbox.k8s_pods import DEFAULT_NAMESPACE
 from services.sandbox.kubernetes import KubernetesSandboxBackend
-from services.sandbox.registry import get_backend
+from services.sandbox.registry import BackendOptions, get_backend, make_backend
 from tests.fake_kube_api import FakeKubeAPI
 from tests.servers import free_port
 
@@ -522,6 +523,18 @@ def test_the_registry_and_the_grader_settings_choose_kubernetes(monkeypatch: pyt
     assert isinstance(chosen, KubernetesSandboxBackend)
     assert (chosen.namespace, chosen.runtime_class) == ("elsewhere", "gvisor")
     assert getattr(runner, "keywords", {}) == {"checker": CHECKER}
+
+
+def test_sessions_and_gradings_get_their_backends_from_one_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PBE_SANDBOX_RUNTIME_VOLUME", "off")
+    docker_grading = grading_backend(GraderSettings())
+    assert isinstance(docker_grading, DockerSandboxBackend) and docker_grading.network == ""
+    assert docker_grading._runtime_mode == "off"
+    with pytest.raises(ConfigurationError, match="unknown sandbox backend 'podman'.*docker, kubernetes, local"):
+        make_backend("podman", BackendOptions())
+    monkeypatch.setenv("PBE_SANDBOX_BACKEND", "podman")
+    with pytest.raises(ConfigurationError, match="PBE_SANDBOX_BACKEND"):
+        get_backend(ExecutorSettings())
 
 
 # --- grading pods -------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Where grading sandboxes run, by the grader's ``PBE_GRADING_BACKEND``: the ``SandboxBackend`` it names (a
-container on Docker, a pod on Kubernetes), used the one way ``services.sandbox.grading`` uses any backend. Each
-backend imports its SDK only when chosen."""
+container on Docker, a pod on Kubernetes), built by the registry as every backend is and used the one way
+``services.sandbox.grading`` uses any backend. Each backend imports its SDK only when chosen."""
 
 import functools
 from collections.abc import Mapping
@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from services.sandbox import grading
 from services.sandbox.base import SandboxBackend
 from services.sandbox.contract import RuntimeVolumeMode
+from services.sandbox.registry import BackendOptions, make_backend
 from services.verdict import CheckResult
 
 
@@ -37,14 +38,18 @@ class GradingBackendSettings(Protocol):
 
 
 def grading_backend(settings: GradingBackendSettings) -> SandboxBackend:
-    """The sandbox backend ``settings`` name for gradings (``PBE_GRADING_BACKEND``: docker or kubernetes)."""
-    if settings.GRADING_BACKEND == "kubernetes":
-        from services.sandbox.kubernetes import KubernetesSandboxBackend
+    """The sandbox backend ``PBE_GRADING_BACKEND`` names for gradings (docker or kubernetes), built where every
+    backend is (``services.sandbox.registry.make_backend``); a grading needs no sandbox network.
 
-        return KubernetesSandboxBackend(settings.K8S_NAMESPACE, settings.K8S_RUNTIME_CLASS or None)
-    from services.sandbox.docker import DockerSandboxBackend
-
-    return DockerSandboxBackend(runtime_volume=settings.SANDBOX_RUNTIME_VOLUME)
+    Raises:
+        ConfigurationError: no backend has that name.
+    """
+    options = BackendOptions(
+        runtime_volume=settings.SANDBOX_RUNTIME_VOLUME,
+        k8s_namespace=settings.K8S_NAMESPACE,
+        k8s_runtime_class=settings.K8S_RUNTIME_CLASS,
+    )
+    return make_backend(settings.GRADING_BACKEND, options)
 
 
 def file_check_backend(settings: GradingBackendSettings, checker: Mapping[str, bytes]) -> FileCheckBackend:
