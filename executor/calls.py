@@ -5,7 +5,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from services.endpoint.client import ChatMessage, Completion, EndpointClient
-from services.evaluation import Evaluation
+from services.evaluation import Evaluation, Prices
 from services.live.replies import ReplyCache, request_key
 from services.live.spend import SpendLedger
 
@@ -29,7 +29,10 @@ class SessionModel:
         self.endpoint = endpoint
         self.evaluation = evaluation
         self.replies = replies
-        self.ledger = ledger if evaluation.prices is not None else None
+        # What a paid call is charged to, and at what prices: both or neither (no prices, nothing is counted).
+        self._charge: tuple[SpendLedger, Prices] | None = None
+        if ledger is not None and evaluation.prices is not None:
+            self._charge = (ledger, evaluation.prices)
 
     def complete(
         self,
@@ -56,12 +59,13 @@ class SessionModel:
             if kept is not None:
                 return kept
         completion = self.endpoint.complete(messages, sampling, tools)
-        if self.ledger is not None and self.evaluation.prices is not None:
-            self.ledger.charge(self.evaluation.prices, completion.prompt_tokens, completion.completion_tokens)
+        if self._charge is not None:
+            ledger, prices = self._charge
+            ledger.charge(prices, completion.prompt_tokens, completion.completion_tokens)
         if self.replies is not None and key is not None:
             self.replies.put(key, completion)
         return completion
 
     def spent_usd(self) -> float | None:
         """What the evaluation has spent so far at its prices; None when it is not counted (no prices)."""
-        return self.ledger.spent_usd() if self.ledger is not None else None
+        return self._charge[0].spent_usd() if self._charge is not None else None
