@@ -1,11 +1,12 @@
 """The executor's RQ worker: many task sessions at once in one process, beside a warm pool of sandboxes.
 
 A session spends its time waiting on the model and on the kernel, so one process runs many:
-``ExecutorWorker`` takes a job from the queue whenever one of its ``PBE_SESSIONS_PER_WORKER`` slots is free and
-runs it in a thread of its own (RQ's own job bookkeeping, one execution record per job; timeouts by timer, as
-signals reach only the main thread). It owns the process's ``WarmPool`` (``PBE_WARM_POOL_SIZE`` sandboxes
-kept ready), filled when the worker starts and emptied when it stops, and hands it to each session's thread
-(``executor.pool.SESSION_POOL``, a context variable the job reads): no module holds it.
+``ExecutorWorker`` runs RQ's own work loop (``Worker.work``) and overrides its hooks: the dequeue waits for one of
+its ``PBE_SESSIONS_PER_WORKER`` slots to be free, and ``execute_job`` runs the job in a thread of its own (RQ's own
+job bookkeeping, one execution record per job; timeouts by timer, as signals reach only the main thread). It owns
+the process's ``WarmPool`` (``PBE_WARM_POOL_SIZE`` sandboxes kept ready), filled when the worker starts and emptied
+when it stops, and hands it to each session's thread (``executor.pool.SESSION_POOL``, a context variable the job
+reads): no module holds it.
 
 What keeps it honest when things break:
 
@@ -13,7 +14,9 @@ What keeps it honest when things break:
   a short time to live (``services.live.liveness``), so a worker killed mid-session is dead (its ``rq:worker:<name>``
   key gone) within ``DEFAULT_HEARTBEAT_TTL_S`` and the gateway's reconciler queues its sessions again.
 - **It rides out a Redis outage.** Its connection retries every command for about a minute
-  (``services.settings.redis_retry``), and its loop waits for Redis to come back instead of quitting.
+  (``services.settings.redis_retry``). RQ's loop quits on any exception from its steps (the suspension check,
+  maintenance, the dequeue, the heartbeat), so each of those hooks waits for Redis instead of raising: the
+  sessions in flight go on.
 - **It cleans up after its previous life.** Sandboxes carry the worker's id (``PBE_WORKER_ID``, the host name
   by default: the same container restarted); before it takes work it removes the ones that id left behind.
 - **It takes no session it cannot run.** Before each job it asks the sandbox backend whether it can start
@@ -32,14 +35,16 @@ pbe-sessions``.
 import logging
 import threading
 import time
+from types import FrameType
 from typing import Any
 
 from redis.exceptions import RedisError
+from rq.defaults import DEFAULT_LOGGING_DATE_FORMAT, DEFAULT_LOGGING_FORMAT
 from rq.exceptions import DequeueTimeout, StopRequested
 from rq.job import Job
 from rq.queue import Queue
 from rq.timeouts import TimerDeathPenalty
-from rq.worker import SimpleWorker, WorkerStatus
+from rq.worker import DequeueStrategy, SimpleWorker, WorkerStatus
 
 from executor.pool import POOL_EVALUATION, SESSION_POOL, WarmPool
 from executor.settings import ExecutorSettings
@@ -81,101 +86,196 @@ DEFAULT_BACKOFF_MAX_S = 30.0
 
 
 class ExecutorWorker(ProjectJobsOnly, ShortHeartbeat, SimpleWorker):
-    """An RQ worker that runs up to ``PBE_SESSIONS_PER_WORKER`` jobs at once in threads of its own (see the
-    module's description)."""
+    """An RQ worker that runs up to ``PBE_SESSIONS_PER_WORKER`` jobs at once in threads of its own, in RQ's own work
+    loop (see the module's description)."""
 
     death_penalty_class = TimerDeathPenalty
 
-    def work(  # type: ignore[override]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sessions: set[threading.Thread] = set()
+        self._sessions_lock = threading.Lock()
+        self._backoff = _Backoff()
+        self._burst = False
+        self._cold_stop = False
+
+    def work(
         self,
         burst: bool = False,
         logging_level: str | None = "INFO",
-        date_format: str = "%H:%M:%S",
-        log_format: str = "%(asctime)s %(message)s",
+        date_format: str = DEFAULT_LOGGING_DATE_FORMAT,
+        log_format: str = DEFAULT_LOGGING_FORMAT,
         max_jobs: int | None = None,
-        **_: Any,
+        max_idle_time: int | None = None,
+        with_scheduler: bool = False,
+        dequeue_strategy: DequeueStrategy = DequeueStrategy.DEFAULT,
     ) -> bool:
-        """Take and run jobs until stopped (or, in ``burst`` mode, until the queue is empty and every session has
-        ended). Returns whether any job was taken."""
+        """Make the session slots, the backend, the metrics and the warm pool, then take and run jobs in RQ's own
+        loop (``Worker.work``, with the hooks below) until stopped or, in ``burst`` mode, until the queue is empty
+        and every session has ended. Returns whether any job was taken.
+
+        Raises:
+            ValueError: ``max_idle_time`` is given (a worker with sessions running is never idle: stop it instead).
+        """
+        if max_idle_time is not None:
+            raise ValueError("the executor's worker takes no --max-idle-time: stop it with SIGTERM instead")
         settings = ExecutorSettings()
         self.connection.set_retry(redis_retry())
         self._slots = threading.BoundedSemaphore(settings.SESSIONS_PER_WORKER)
-        self._sessions: set[threading.Thread] = set()
-        self._sessions_lock = threading.Lock()
-        backend = get_backend(settings)
-        _sweep(backend, settings.WORKER_ID)
+        self._burst = burst
+        self._backend = get_backend(settings)
+        _sweep(self._backend, settings.WORKER_ID)
         configure_logging(level=logging_level or "INFO")  # first: RQ's own lines then take its format too
-        self.bootstrap(logging_level, date_format, log_format)
         serve_worker_metrics(settings.METRICS_PORT, metrics_address(settings.METRICS_HOST, settings.REDIS_URL))
         self._quietly(
-            lambda: advertise(self.connection, {SANDBOX_IMAGE: backend.image_reference(settings.SANDBOX_IMAGE)})
+            lambda: advertise(self.connection, {SANDBOX_IMAGE: self._backend.image_reference(settings.SANDBOX_IMAGE)})
         )
-        self._install_signal_handlers()  # type: ignore[no-untyped-call]
-        self._pool = open_pool(settings, backend)
+        self._pool = open_pool(settings, self._backend)
         stop = threading.Event()
-        beat = threading.Thread(target=self._beat, args=(stop,), name="pbe-heartbeat", daemon=True)
-        beat.start()
+        threading.Thread(target=self._beat, args=(stop,), name="pbe-heartbeat", daemon=True).start()
         threading.Thread(target=self._release, args=(stop,), name="pbe-retries", daemon=True).start()
-        taken = 0
         try:
-            taken = self._take_jobs(backend, burst, max_jobs)
-            self._drain()  # a second stop signal (SystemExit) leaves without waiting
+            return bool(
+                super().work(
+                    burst,
+                    logging_level,
+                    date_format,
+                    log_format,
+                    max_jobs=max_jobs,
+                    with_scheduler=with_scheduler,
+                    dequeue_strategy=dequeue_strategy,
+                )
+            )
         finally:
             stop.set()
             if self._pool is not None:
                 self._pool.close()
-            self._quietly(self.teardown)
-        return taken > 0
 
-    def _take_jobs(self, backend: SandboxBackend, burst: bool, max_jobs: int | None) -> int:
-        """The main loop: wait for a free slot and a working backend, take a job, start its thread. Returns how
-        many jobs it took."""
-        taken = 0
-        backoff = _Backoff()
-        while not self._stop_requested and (max_jobs is None or taken < max_jobs):
+    # RQ's loop, step by step: check_for_suspension, run_maintenance_tasks, dequeue_job_and_maintain_ttl,
+    # execute_job, heartbeat; teardown when it ends. RQ ends the loop on any exception from them, so each hook
+    # below waits Redis out instead of raising.
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """RQ's check (``rq suspend``: while suspended, it waits here); Redis away waits for Redis, backing off, and
+        checks again, instead of ending the loop."""
+        while True:
+            try:
+                super().check_for_suspension(burst)
+                return
+            except RedisError as exc:
+                self._wait_for_redis(exc)
+
+    def run_maintenance_tasks(self) -> None:
+        """RQ's registry cleaning; Redis away skips it (it runs again at the next turn of the loop)."""
+        try:
+            super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
+        except RedisError as exc:
+            log.warning("RQ's maintenance skipped: %s", exc)
+
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Job, Queue] | None:
+        """Wait for a free slot and a sandbox backend that can start sandboxes, then take a job (RQ's own dequeue,
+        ``DEFAULT_DEQUEUE_WAIT_S`` at a time, so a stop request or a changed backend is seen soon; ``timeout`` and
+        ``max_idle_time`` are not used). The slot taken is held for the job (``execute_job``'s thread frees it).
+
+        Returns:
+            The job and its queue; None in ``burst`` mode once no job waits and no session runs.
+
+        Raises:
+            StopRequested: a stop was asked for.
+        """
+        while True:
+            if self._stop_requested:
+                raise StopRequested()
             if not self._slots.acquire(timeout=1.0):
                 continue
-            started = False
+            result = None
             try:
-                problem = backend.problem()
-                if problem is not None:
-                    delay = backoff.next()
-                    log.error("not taking sessions: %s (checking again in %.0f s)", problem, delay)
-                    time.sleep(delay)
-                    continue
-                result = self.dequeue_job_and_maintain_ttl(
-                    None if burst else DEFAULT_DEQUEUE_WAIT_S, max_idle_time=None if burst else DEFAULT_DEQUEUE_WAIT_S
-                )
-                backoff.reset()
-                if result is None:
-                    if burst and self._running() == 0 and self._queues_empty():
-                        break
-                    if burst:
-                        time.sleep(0.2)  # sessions still running may admit more work
-                    continue
-                self._start(*result)
-                started = True
-                taken += 1
-            except StopRequested:
-                break
-            except (RedisError, DequeueTimeout) as exc:
-                delay = backoff.next()
-                log.warning("Redis is away (%s); waiting %.0f s for it", exc, delay)
-                time.sleep(delay)
+                result = self._take_job()
             finally:
-                if not started:
+                if result is None:
                     self._slots.release()
-        return taken
+            if result is not None:
+                return result
+            if self._burst and self._idle():
+                return None
 
-    def _start(self, job: Job, queue: Queue) -> None:
-        """Run ``job`` in a thread of its own, holding one slot until it ends."""
-        execution = self.prepare_execution(job)
+    def _take_job(self) -> tuple[Job, Queue] | None:
+        """One try (a free slot held): the backend's problem waits a backoff step, as does Redis away."""
+        problem = self._backend.problem()
+        if problem is not None:
+            delay = self._backoff.next()
+            log.error("not taking sessions: %s (checking again in %.0f s)", problem, delay)
+            time.sleep(delay)
+            return None
+        wait = None if self._burst else DEFAULT_DEQUEUE_WAIT_S
+        try:
+            result = super().dequeue_job_and_maintain_ttl(wait, max_idle_time=wait)
+        except (RedisError, DequeueTimeout) as exc:
+            self._wait_for_redis(exc)
+            return None
+        self._backoff.reset()
+        return result
+
+    def _idle(self) -> bool:
+        """Burst mode's end: no session runs and no job waits, nor a retry for its time
+        (``services.queues.RETRIES_KEY``); sessions still running may admit more work, so it waits a little."""
+        try:
+            waiting = any(queue.count for queue in self.queues) or self.connection.zcard(RETRIES_KEY)
+            if self._running() == 0 and not waiting:
+                return True
+        except RedisError as exc:
+            self._wait_for_redis(exc)
+            return False
+        time.sleep(0.2)
+        return False
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """Start ``job`` in a thread of its own, holding the slot the dequeue took until it ends; returns at once.
+        Redis away before the job's start is recorded leaves it to the gateway's reconciler, which queues it
+        again."""
+        try:
+            execution = self.prepare_execution(job)
+        except RedisError as exc:
+            self._slots.release()
+            log.error("job %s: not started, Redis is away (%s); the reconciler queues it again", job.id, exc)
+            self._wait_for_redis(exc)
+            return
         thread = threading.Thread(
             target=self._perform, args=(job, queue, execution), name=f"pbe-session-{job.id}", daemon=True
         )
         with self._sessions_lock:
             self._sessions.add(thread)
         thread.start()
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        """``ShortHeartbeat``'s; Redis away skips a beat (the heartbeat thread beats again within
+        ``DEFAULT_HEARTBEAT_INTERVAL_S``) instead of ending RQ's loop. A pipeline's beat is its caller's to send."""
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline)
+            return
+        try:
+            super().heartbeat(timeout)
+        except RedisError as exc:
+            log.warning("heartbeat skipped: %s", exc)
+
+    def teardown(self) -> None:
+        """Wait for the running sessions to end (a warm stop: the process's stop grace period bounds it; not after
+        a second signal), then RQ's own (the worker's death recorded; skipped when Redis is away)."""
+        try:
+            if not self._cold_stop:
+                self._drain()
+        finally:
+            self._quietly(super().teardown)
+
+    def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
+        """RQ's cold stop (a second signal): no more waiting for the running sessions."""
+        try:
+            super().request_force_stop(signum, frame)
+        except SystemExit:
+            self._cold_stop = True
+            raise
 
     def _perform(self, job: Job, queue: Queue, execution: Any) -> None:
         """The session's thread: hand it the warm pool (``SESSION_POOL``), run the job through RQ's bookkeeping."""
@@ -198,12 +298,8 @@ class ExecutorWorker(ProjectJobsOnly, ShortHeartbeat, SimpleWorker):
         with self._sessions_lock:
             return len(self._sessions)
 
-    def _queues_empty(self) -> bool:
-        """No job waits in the queues, nor a retry for its time (``services.queues.RETRIES_KEY``)."""
-        return all(queue.count == 0 for queue in self.queues) and not self.connection.zcard(RETRIES_KEY)
-
     def _drain(self) -> None:
-        """Wait for the running sessions to end (a warm stop; the process's stop grace period bounds it)."""
+        """Wait for the running sessions to end."""
         while True:
             with self._sessions_lock:
                 running = list(self._sessions)
@@ -214,11 +310,17 @@ class ExecutorWorker(ProjectJobsOnly, ShortHeartbeat, SimpleWorker):
                 thread.join(timeout=5.0)
 
     def _shutdown(self) -> None:
-        """A stop request: take no more jobs; running sessions end first (``_drain``)."""
+        """A stop request: take no more jobs; running sessions end first (``teardown``)."""
         self._stop_requested = True
         self._quietly(self.set_shutdown_requested_date)
         if self._running() == 0:
             raise StopRequested()
+
+    def _wait_for_redis(self, exc: Exception) -> None:
+        """Redis did not answer (``exc``, after its connection's own retries): wait one backoff step."""
+        delay = self._backoff.next()
+        log.warning("Redis is away (%s); waiting %.0f s for it", exc, delay)
+        time.sleep(delay)
 
     def _release(self, stop: threading.Event) -> None:
         """Queue the retries whose delay is over (``services.queues.release_due_sessions``), every
