@@ -3,6 +3,7 @@ ask at once, the image's files in them, read-only in the container, and copies o
 of folders) removed. Real engine, small images
 made here (a tar of a few files, imported: no shell, no registry)."""
 
+import contextlib
 import io
 import secrets
 import tarfile
@@ -13,8 +14,16 @@ from typing import Any
 import docker.client
 import docker.errors
 import pytest
+from docker.types import Mount
 
-from services.sandbox.contract import PROJECT, PROJECT_LABEL, ROLE_LABEL, RUNTIME_COPY_ROLE, RUNTIME_MARKER_ROLE
+from services.sandbox.contract import (
+    PROJECT,
+    PROJECT_LABEL,
+    ROLE_LABEL,
+    RUNTIME_COPY_ROLE,
+    RUNTIME_FILLER_ROLE,
+    RUNTIME_MARKER_ROLE,
+)
 from services.sandbox.runtime_volumes import (
     COPY_LABEL,
     FUSE_DRIVERS,
@@ -170,3 +179,28 @@ def test_a_copy_that_cannot_be_made_leaves_nothing(client: Any) -> None:
     with pytest.raises(docker.errors.DockerException):
         RuntimeVolumes(client, "on").copies_for(gone)
     assert _volumes_of(client, gone) == []
+
+
+def test_a_filler_left_by_a_worker_killed_as_it_made_copies_goes_with_its_copies(client: Any, image: str) -> None:
+    """A worker killed while the engine filled its copies leaves them and their filler (created, never started,
+    holding them); the next worker to serve the image removes both and serves the published copies."""
+    published = RuntimeVolumes(client, "on").copies_for(image)
+    labels = {PROJECT_LABEL: PROJECT, IMAGE_LABEL: image, LAYOUT_LABEL: LAYOUT}
+    left = copy_names(f"{marker_name(image)}-killed")
+    for volume in left.values():
+        client.volumes.create(volume, labels={**labels, ROLE_LABEL: RUNTIME_COPY_ROLE})
+    mounts = [Mount(path, volume, type="volume") for path, volume in left.items()]
+    filler = client.api.create_container(
+        image,
+        entrypoint=["true"],
+        host_config=client.api.create_host_config(mounts=mounts, network_mode="none"),
+        labels={**labels, ROLE_LABEL: RUNTIME_FILLER_ROLE, COPY_LABEL: f"{marker_name(image)}-killed"},
+    )["Id"]
+    try:
+        assert RuntimeVolumes(client, "on").copies_for(image) == published
+        assert client.containers.list(all=True, filters={"id": filler}) == []
+        names = {volume.name for volume in _volumes_of(client, image)}
+        assert not set(left.values()) & names and set(published.values()) <= names
+    finally:
+        with contextlib.suppress(docker.errors.NotFound):
+            client.api.remove_container(filler, force=True)

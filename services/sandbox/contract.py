@@ -27,6 +27,9 @@ RUNTIME_COPY_ROLE = "sandbox-runtime"
 (``services.sandbox.runtime_volumes``)."""
 RUNTIME_MARKER_ROLE = "sandbox-runtime-marker"
 """The role of the volume that names an image's published copy."""
+RUNTIME_FILLER_ROLE = "sandbox-runtime-filler"
+"""The role of the container, never started, whose creation makes the engine fill a set of copies; removed at once,
+or, when its worker died first, by the next worker that serves the image."""
 RUNTIME_ROLES = frozenset({RUNTIME_COPY_ROLE, RUNTIME_MARKER_ROLE})
 """Volumes made once per image for every sandbox to come: never a session's leftovers."""
 

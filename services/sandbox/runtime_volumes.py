@@ -35,6 +35,7 @@ from services.sandbox.contract import (
     PROJECT_LABEL,
     ROLE_LABEL,
     RUNTIME_COPY_ROLE,
+    RUNTIME_FILLER_ROLE,
     RUNTIME_MARKER_ROLE,
     RuntimeVolumeMode,
 )
@@ -127,7 +128,12 @@ class RuntimeVolumes:
         """
         with self._lock:  # one copy at a time in this process: the others wait for it, then use it
             if image_id not in self._copies:
-                self._copies[image_id] = self._published(image_id) or self._publish(image_id)
+                stem = self._published(image_id)
+                if stem is None:
+                    stem = self._publish(image_id)
+                else:  # what a worker killed while it made copies left (once a process)
+                    self._remove_stale(image_id, stem)
+                self._copies[image_id] = stem
             return copy_names(self._copies[image_id])
 
     def _published(self, image_id: str) -> str | None:
@@ -163,9 +169,10 @@ class RuntimeVolumes:
                 host_config=self.client.api.create_host_config(
                     mounts=[Mount(path, volume, type="volume") for path, volume in copies.items()], network_mode="none"
                 ),
-                labels=labels,
+                labels={**labels, ROLE_LABEL: RUNTIME_FILLER_ROLE, COPY_LABEL: stem},
             )
-            self.client.api.remove_container(filler["Id"], force=True)
+            with contextlib.suppress(docker.errors.NotFound):  # another worker took it for a killed one's
+                self.client.api.remove_container(filler["Id"], force=True)
         except BaseException:  # copies cut short (a full disk) are never published: remove them
             self._remove_copies(stem)
             raise
@@ -186,8 +193,28 @@ class RuntimeVolumes:
                 self.client.api.remove_volume(volume, force=True)
 
     def _remove_stale(self, current: str, stem: str) -> None:
-        """Remove the copies (markers first) of images the engine no longer has, copies of another layout, and the
-        copies of ``current`` but those of ``stem`` (sets whose marker was replaced); one still mounted stays."""
+        """Remove the fillers (never started) but ``stem``'s, then the copies (markers first) of images the engine no
+        longer has, copies of another layout, and the copies of ``current`` but those of ``stem`` (sets whose marker
+        was replaced, and those of a worker killed as it made them); one still mounted stays. Never raises: what
+        cannot be removed now is removed the next time."""
+        try:
+            self._remove_fillers(stem)
+            self._remove_stale_volumes(current, stem)
+        except DOCKER_ERRORS as exc:
+            log.warning("stale runtime copies not removed this time: %s", exc)
+
+    def _remove_fillers(self, stem: str) -> None:
+        """Containers that filled copies (those of earlier versions carry no role, only the image label) but
+        ``stem``'s: a worker killed while the engine made its copies leaves one, created, holding them."""
+        for container in self.client.containers.list(
+            all=True, filters={"label": [f"{PROJECT_LABEL}={PROJECT}", IMAGE_LABEL]}
+        ):
+            labels = container.labels or {}
+            if labels.get(ROLE_LABEL) in (None, RUNTIME_FILLER_ROLE) and labels.get(COPY_LABEL) != stem:
+                with contextlib.suppress(*DOCKER_ERRORS):
+                    container.remove(force=True)
+
+    def _remove_stale_volumes(self, current: str, stem: str) -> None:
         published = set(copy_names(stem).values())
         roles = (RUNTIME_MARKER_ROLE, RUNTIME_COPY_ROLE)
         for role in roles:
