@@ -25,7 +25,15 @@ import pytest
 
 from gateway.client import GatewayClient, GatewayError, GatewayUnreachableError
 from services.pybench.suite import load_suite
-from services.sandbox.contract import EVALUATION_LABEL, GRADING_ROLE, ROLE_LABEL, SANDBOX_ROLE, WORKER_LABEL
+from services.sandbox.contract import (
+    DEFAULT_SANDBOX_IMAGE,
+    EVALUATION_LABEL,
+    GRADING_ROLE,
+    ROLE_LABEL,
+    SANDBOX_ROLE,
+    WORKER_LABEL,
+)
+from services.sandbox.runtime_volumes import RuntimeVolumes, marker_name
 from tests.fixtures import compose_stack, sandbox_objects, wait_for
 
 pytestmark = [pytest.mark.chaos, pytest.mark.compose, pytest.mark.docker, pytest.mark.slow]
@@ -70,6 +78,7 @@ def stack(suite_path: Path) -> Iterator[Stack]:
     }
     grading_before = set(sandbox_objects(**{ROLE_LABEL: GRADING_ROLE}))
     with compose_stack(STACK, suite_path, ADMIN_KEY, **variables) as url:
+        wait_for_runtime_copies()
         client = GatewayClient(url, api_key=ADMIN_KEY)
         yield Stack(client, url)
         client.close()
@@ -100,6 +109,20 @@ def restarted(container: Any, started_at: str) -> Callable[[], bool]:
         return bool(container.status == "running" and container.attrs["State"]["StartedAt"] != started_at)
 
     return check
+
+
+def wait_for_runtime_copies() -> None:
+    """On a FUSE engine, wait for the executors' first start to publish the sandbox image's runtime copies (once a
+    machine: minutes on a fresh one); blows dealt before would cut every copy short and measure that instead."""
+    engine = docker.from_env()
+    if RuntimeVolumes(engine, "auto").enabled():
+        marker = marker_name(str(engine.images.get(DEFAULT_SANDBOX_IMAGE).id))
+
+        def published() -> bool:  # the engine's name filter matches a prefix: the copies' names too
+            return any(volume.name == marker for volume in engine.volumes.list(filters={"name": marker}))
+
+        wait_for(published, 600, "the runtime copies")
+    engine.close()
 
 
 def submit(stack: Stack) -> str:

@@ -206,13 +206,13 @@ class RuntimeVolumes:
     def _remove_fillers(self, stem: str) -> None:
         """Containers that filled copies (those of earlier versions carry no role, only the image label) but
         ``stem``'s: a worker killed while the engine made its copies leaves one, created, holding them."""
-        for container in self.client.containers.list(
+        for container in self.client.api.containers(
             all=True, filters={"label": [f"{PROJECT_LABEL}={PROJECT}", IMAGE_LABEL]}
         ):
-            labels = container.labels or {}
+            labels = container.get("Labels") or {}
             if labels.get(ROLE_LABEL) in (None, RUNTIME_FILLER_ROLE) and labels.get(COPY_LABEL) != stem:
                 with contextlib.suppress(*DOCKER_ERRORS):
-                    container.remove(force=True)
+                    self.client.api.remove_container(container["Id"], force=True)
 
     def _remove_stale_volumes(self, current: str, stem: str) -> None:
         published = set(copy_names(stem).values())
