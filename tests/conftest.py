@@ -63,7 +63,9 @@ def sandbox_network() -> Iterator[str]:
     name = "pbe-test-sandboxes"
     yield name
     engine = docker.from_env()
-    for container in engine.containers.list(all=True, filters={"label": f"{ROLE_LABEL}={SANDBOX_ROLE}"}):
+    for container in engine.containers.list(
+        all=True, filters={"label": f"{ROLE_LABEL}={SANDBOX_ROLE}"}, ignore_removed=True
+    ):
         if name in container.attrs["NetworkSettings"]["Networks"]:
             container.remove(force=True)
     for network in engine.networks.list(names=[name]):

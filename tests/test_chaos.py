@@ -58,7 +58,8 @@ class Stack:
     def containers(self, service: str) -> list[Any]:
         engine = docker.from_env()
         found = engine.containers.list(
-            filters={"label": [f"com.docker.compose.project={STACK}", f"com.docker.compose.service={service}"]}
+            filters={"label": [f"com.docker.compose.project={STACK}", f"com.docker.compose.service={service}"]},
+            ignore_removed=True,
         )
         return sorted(found, key=lambda c: c.name)
 
@@ -274,7 +275,7 @@ def test_killed_executors_redis_graders_and_sandboxes_lose_nothing_and_leave_not
         workers = stack.worker_ids()
         boxes = [
             c
-            for c in engine.containers.list(filters={"label": f"{ROLE_LABEL}={SANDBOX_ROLE}"})
+            for c in engine.containers.list(filters={"label": f"{ROLE_LABEL}={SANDBOX_ROLE}"}, ignore_removed=True)
             if c.labels.get(WORKER_LABEL) in workers
         ]
         if not boxes:

@@ -511,7 +511,7 @@ class DockerSandboxBackend(SandboxBackend):
         cutoff = time.time() - older_than_s
         removed = []
         try:
-            for container in self.client.containers.list(all=True, filters={"label": filters}):
+            for container in self.client.containers.list(all=True, filters={"label": filters}, ignore_removed=True):
                 if docker_created_epoch(container.attrs.get("Created", "")) <= cutoff:
                     self._remove(container.id, container.name)
                     removed.append(container.name)
